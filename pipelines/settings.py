@@ -1,0 +1,317 @@
+"""Settings: environment (``MEDALLION_*``, nested with ``__``), an optional ``.env`` and an optional
+YAML/TOML/JSON config file named by ``MEDALLION_CONFIG``.
+
+Precedence, highest first: explicit overrides (CLI flags), environment, ``.env``, config file, defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tomllib
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+from pydantic_settings import SettingsError as _PydanticSettingsError
+
+from pipelines.errors import SettingsError
+
+ENV_PREFIX = "MEDALLION_"
+ENV_NESTED = "__"
+CONFIG_ENV = "MEDALLION_CONFIG"
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(value: Any) -> Any:
+    """Accept ``30s``, ``5m``, ``1.5h``, ``250ms``, plain seconds, or ISO-8601 (``PT5M``)."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return timedelta(seconds=value)
+    if isinstance(value, str):
+        m = _DURATION.match(value)
+        if m:
+            return timedelta(seconds=float(m.group(1)) * _UNIT_SECONDS[(m.group(2) or "s").lower()])
+        if value.strip().upper().startswith("P"):
+            return value.strip()  # pydantic parses ISO-8601 durations
+        raise ValueError(f"invalid duration {value!r}: use e.g. 30s, 5m, 1h or PT5M")
+    return value
+
+
+def _split_list(value: Any) -> Any:
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            return json.loads(text)
+        return [part.strip() for part in re.split(r"[,\n]", text) if part.strip()]
+    return value
+
+
+Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+StrList = Annotated[list[str], NoDecode, BeforeValidator(_split_list)]
+
+
+def _positive(d: timedelta, name: str) -> timedelta:
+    if d <= timedelta(0):
+        raise ValueError(f"{name} must be positive")
+    return d
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class SparkSettings(_Section):
+    master: str | None = Field(
+        default=None,
+        description="Spark master; unset means what spark-submit/the cluster gives, else local[2]",
+    )
+    app_name: str = "medallion"
+    shuffle_partitions: int = Field(default=4, ge=1, le=100_000)
+    driver_memory: str = "4g"
+    log_level: Literal["ERROR", "WARN", "INFO", "DEBUG"] = "ERROR"
+    conf: dict[str, str] = Field(default_factory=dict, description="extra Spark confs, as a JSON object")
+
+
+class KafkaTopics(_Section):
+    events: str = "events"
+    page_changes: str = "page_changes"
+
+
+class KafkaSettings(_Section):
+    bootstrap_servers: StrList = Field(default_factory=lambda: ["127.0.0.1:9092"])
+    topics: KafkaTopics = Field(default_factory=KafkaTopics)
+    group_id: str = "medallion-bronze"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    max_message_bytes: int = Field(default=1_000_000, ge=1)
+    session_timeout: Duration = timedelta(seconds=10)
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _hosts(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("at least one host:port is needed")
+        for hp in v:
+            if not re.match(r"^[\w.\-\[\]:]+:\d{1,5}$", hp):
+                raise ValueError(f"{hp!r} is not host:port")
+        return v
+
+
+class ClickHouseSettings(_Section):
+    dsn: str | None = Field(
+        default=None,
+        description="chdb:///path (embedded, default <lake_root>/clickhouse) or http(s)://host:port",
+    )
+    user: str = "default"
+    password: SecretStr | None = None
+    database: str = "default"
+    insert_chunk_rows: int = Field(default=100_000, ge=1)
+
+    @field_validator("dsn")
+    @classmethod
+    def _scheme(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^(chdb|https?)://", v):
+            raise ValueError(f"{redact_url(v)!r} must start with chdb://, http:// or https://")
+        return v
+
+
+class PageChangeSettings(_Section):
+    window: Duration = timedelta(minutes=5)
+    allowed_lateness: Duration = timedelta(minutes=1)
+    mode: Literal["staggered", "tumbling"] = "staggered"
+
+    _check_window = field_validator("window")(lambda v: _positive(v, "window"))
+
+    @field_validator("allowed_lateness")
+    @classmethod
+    def _lateness(cls, v: timedelta) -> timedelta:
+        if v < timedelta(0):
+            raise ValueError("allowed_lateness must not be negative")
+        return v
+
+
+class GoldSettings(_Section):
+    window: Duration = timedelta(seconds=30)
+    grace: Duration = timedelta(seconds=60)
+    min_export_count: int = Field(default=1, ge=1)
+    excluded_keys: StrList = Field(default_factory=list)
+    max_key_length: int = Field(default=400, ge=1)
+    max_value_length: int = Field(default=255, ge=1)
+
+    _check_window = field_validator("window")(lambda v: _positive(v, "window"))
+
+
+class BucketSettings(_Section):
+    count: int = Field(default=8, ge=1, le=4096)
+    mapping_file: Path | None = Field(
+        default=None, description="YAML/JSON file: team_id -> bucket (and tiers); unset = hash only"
+    )
+
+
+def redact_url(url: str) -> str:
+    """Hide a password embedded in a URL (``scheme://user:secret@host``)."""
+    return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
+
+
+class Settings(BaseSettings):
+    """All settings of the pipeline. Build with :func:`load_settings` for friendly errors."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_NESTED,
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        validate_default=True,
+    )
+
+    lake_root: str = Field(default="./lakehouse", description="folder or URL holding <layer>/<table>")
+    delta_engine: Literal["delta-rs", "delta-spark"] = "delta-rs"
+    delta_jars: StrList = Field(
+        default_factory=list, description="Delta jars put on the JVM classpath (delta-spark engine)"
+    )
+    storage_options: dict[str, str] = Field(default_factory=dict, description="delta-rs object-store options")
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
+    page_changes: PageChangeSettings = Field(default_factory=PageChangeSettings)
+    gold: GoldSettings = Field(default_factory=GoldSettings)
+    buckets: BucketSettings = Field(default_factory=BucketSettings)
+
+    @field_validator("lake_root")
+    @classmethod
+    def _lake_root(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be empty")
+        if "://" in v and not v.startswith("file://"):
+            return v.rstrip("/")
+        local = v.removeprefix("file://")
+        return str(Path(local).expanduser().absolute())
+
+    @model_validator(mode="after")
+    def _defaults(self) -> Settings:
+        if self.clickhouse.dsn is None:
+            if "://" in self.lake_root:
+                raise ValueError("clickhouse.dsn must be set when lake_root is a remote URL")
+            self.clickhouse.dsn = f"chdb://{self.lake_root}/clickhouse"
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, dotenv_settings, ConfigFileSource(settings_cls))
+
+    def safe_dump(self) -> dict[str, Any]:
+        """Settings as plain data with every secret masked, for logs and ``medallion settings``."""
+        data = self.model_dump(mode="json")
+        if data["clickhouse"]["dsn"]:
+            data["clickhouse"]["dsn"] = redact_url(data["clickhouse"]["dsn"])
+        for key in list(data["storage_options"]):
+            if re.search(r"secret|key|token|password", key, re.IGNORECASE):
+                data["storage_options"][key] = "**********"
+        return data
+
+
+class ConfigFileSource(PydanticBaseSettingsSource):
+    """Reads the file named by ``MEDALLION_CONFIG`` (YAML, TOML or JSON, by extension)."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:  # pragma: no cover
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        path = os.environ.get(CONFIG_ENV)
+        if not path:
+            return {}
+        return read_config_file(Path(path))
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise SettingsError([f"{CONFIG_ENV}: config file {str(path)!r} does not exist"])
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = tomllib.loads(text) if path.suffix.lower() == ".toml" else yaml.safe_load(text)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise SettingsError([f"{CONFIG_ENV}: cannot parse {str(path)!r}: {first}"]) from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SettingsError([f"{CONFIG_ENV}: {str(path)!r} must hold a mapping of settings"])
+    return data
+
+
+def env_name(loc: tuple[int | str, ...]) -> str:
+    """The environment variable that sets the field at ``loc`` (``('gold','window')``)."""
+    parts = [str(p) for p in loc if not isinstance(p, int)]
+    return ENV_PREFIX + ENV_NESTED.join(p.upper() for p in parts)
+
+
+def _describe(error: dict[str, Any]) -> str:
+    loc = tuple(error.get("loc", ()))
+    # Keep only field names: drop list indices and the validator names pydantic appends.
+    fields = [p for p in loc if isinstance(p, str) and not p.startswith("function-")]
+    msg = error.get("msg", "invalid value").removeprefix("Value error, ")
+    if not fields:
+        return f"settings: {msg}"
+    dotted = ".".join(fields)
+    value = error.get("input")
+    shown = ""
+    if isinstance(value, str | int | float) and not re.search(r"password|secret", dotted):
+        shown = f" (got {redact_url(str(value))!r})"
+    return f"{env_name(tuple(fields))}: {msg}{shown} [config key: {dotted}]"
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build settings, turning every validation problem into a :class:`SettingsError`."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise SettingsError([_describe(dict(e)) for e in exc.errors()]) from None
+    except _PydanticSettingsError as exc:
+        # Raised when an env value for a complex field is not valid JSON.
+        m = re.search(r'field "(\w+)"', str(exc))
+        prefix = env_name((m.group(1),)) if m else ENV_PREFIX
+        bad = [k for k, v in os.environ.items() if k.upper().startswith(prefix) and not _is_json(v)]
+        names = ", ".join(sorted(bad)) or prefix
+        raise SettingsError([f"{names}: not valid JSON (objects and lists are given as JSON)"]) from None
+
+
+def _is_json(text: str) -> bool:
+    if not text.lstrip().startswith(("{", "[")):
+        return True
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True

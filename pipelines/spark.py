@@ -1,0 +1,117 @@
+"""The one place that builds the SparkSession.
+
+Local defaults keep a laptop run quick (UI off, few shuffle partitions, UTC, Arrow on). Under
+spark-submit or on a cluster the master and resources come from there, and only the pipeline's
+confs are added. The Delta SQL extension is enabled only for the ``delta-spark`` engine, since
+it needs the Delta jars on the JVM classpath.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from pipelines.errors import EngineUnavailableError, JavaNotFoundError
+from pipelines.settings import Settings
+
+DELTA_CONFS = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+LOCAL_DEFAULTS = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.execution.arrow.pyspark.fallback.enabled": "true",
+    "spark.sql.adaptive.enabled": "true",
+    "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
+    "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
+    "spark.sql.warehouse.dir": "",  # set per lake root below
+}
+
+JAVA_HELP = (
+    "Java 17 is required by Spark but was not found: install a JDK/JRE 17 "
+    "(Debian/Ubuntu: `apt-get install openjdk-17-jre-headless`; macOS: `brew install openjdk@17`) "
+    "or point JAVA_HOME at one"
+)
+
+
+def check_java() -> str:
+    """Return the java executable Spark will use, or raise :class:`JavaNotFoundError`."""
+    java_home = os.environ.get("JAVA_HOME")
+    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
+    if not java or not Path(java).exists():
+        where = f" (JAVA_HOME={java_home} has no bin/java)" if java_home else ""
+        raise JavaNotFoundError(JAVA_HELP + where)
+    try:
+        subprocess.run([java, "-version"], capture_output=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise JavaNotFoundError(f"{JAVA_HELP} ({java} -version failed: {exc})") from exc
+    return java
+
+
+def _under_cluster_manager() -> bool:
+    # spark-submit and Databricks start the JVM first and hand Python a gateway.
+    return bool(os.environ.get("PYSPARK_GATEWAY_PORT")) or SparkSession.getActiveSession() is not None
+
+
+def spark_confs(settings: Settings) -> dict[str, str]:
+    """Every conf the pipeline sets on a new session (user confs win over defaults)."""
+    confs = dict(LOCAL_DEFAULTS)
+    confs["spark.sql.warehouse.dir"] = f"{settings.lake_root}/_spark_warehouse"
+    confs["spark.sql.shuffle.partitions"] = str(settings.spark.shuffle_partitions)
+    confs["spark.driver.memory"] = settings.spark.driver_memory
+    if settings.delta_engine == "delta-spark":
+        confs.update(DELTA_CONFS)
+        if settings.delta_jars:
+            missing = [j for j in settings.delta_jars if "://" not in j and not Path(j).exists()]
+            if missing:
+                raise EngineUnavailableError(
+                    f"MEDALLION_DELTA_JARS names files that do not exist: {', '.join(missing)}"
+                )
+            confs["spark.jars"] = ",".join(settings.delta_jars)
+    confs.update(settings.spark.conf)
+    return confs
+
+
+def build_spark(settings: Settings) -> SparkSession:
+    """Return the SparkSession for these settings (reusing an active one on a cluster)."""
+    confs = spark_confs(settings)
+    if _under_cluster_manager():
+        spark = SparkSession.builder.getOrCreate()
+        for key, value in confs.items():
+            if key.startswith("spark.sql.") and key not in DELTA_CONFS and key != "spark.sql.warehouse.dir":
+                spark.conf.set(key, value)
+        return spark
+
+    check_java()
+    builder = SparkSession.builder.master(settings.spark.master or "local[2]").appName(settings.spark.app_name)
+    for key, value in confs.items():
+        builder = builder.config(key, value)
+    try:
+        spark = builder.getOrCreate()
+    except Exception as exc:  # py4j/pyspark raise several types when the JVM cannot start
+        if "JAVA_GATEWAY_EXITED" in str(exc) or "Java gateway process exited" in str(exc):
+            raise JavaNotFoundError(f"{JAVA_HELP} (the Java gateway exited at start)") from exc
+        raise
+    spark.sparkContext.setLogLevel(settings.spark.log_level)
+    return spark
+
+
+def has_delta_classes(spark: SparkSession) -> bool:
+    """True when the Delta Lake JVM classes are on this session's classpath."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    try:
+        jvm.java.lang.Class.forName(
+            "io.delta.tables.DeltaTable", True, jvm.java.lang.Thread.currentThread().getContextClassLoader()
+        )
+    except Exception:
+        return False
+    return True

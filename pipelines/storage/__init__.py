@@ -1,0 +1,41 @@
+"""Delta table storage: one interface, two engines (see :mod:`pipelines.storage.base`)."""
+
+from __future__ import annotations
+
+from pyspark.sql import SparkSession
+
+from pipelines.settings import Settings
+from pipelines.storage.base import (
+    CHANGE_TYPE,
+    COMMIT_TIMESTAMP,
+    COMMIT_VERSION,
+    AppTxn,
+    Data,
+    TableSpec,
+    TableStats,
+    TableStore,
+)
+
+
+def open_store(settings: Settings, spark: SparkSession) -> TableStore:
+    """The store for ``settings.delta_engine`` rooted at ``settings.lake_root``."""
+    if settings.delta_engine == "delta-spark":
+        from pipelines.storage.deltaspark import DeltaSparkStore
+
+        return DeltaSparkStore(spark, settings.lake_root, settings.storage_options)
+    from pipelines.storage.deltars import DeltaRsStore
+
+    return DeltaRsStore(spark, settings.lake_root, settings.storage_options)
+
+
+__all__ = [
+    "CHANGE_TYPE",
+    "COMMIT_TIMESTAMP",
+    "COMMIT_VERSION",
+    "AppTxn",
+    "Data",
+    "TableSpec",
+    "TableStats",
+    "TableStore",
+    "open_store",
+]

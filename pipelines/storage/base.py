@@ -1,0 +1,211 @@
+"""The storage contract: Delta tables at ``<lake_root>/<layer>/<table>``, behind one interface.
+
+Two engines implement it: ``delta-rs`` (the ``deltalake`` package; Spark DataFrames cross via
+Arrow) and ``delta-spark`` (the ``delta.tables`` API on the JVM). Jobs only ever talk to
+:class:`TableStore`, so a job written once runs on a laptop and on a cluster.
+
+Exactly-once bookkeeping uses Delta *app transactions*: a writer records ``app_id -> version``
+in the same commit as its rows, and reads it back with :meth:`TableStore.txn_version` before
+deciding what still needs doing.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import StructType
+
+CDF_PROPERTY = "delta.enableChangeDataFeed"
+CHANGE_TYPE = "_change_type"
+COMMIT_VERSION = "_commit_version"
+COMMIT_TIMESTAMP = "_commit_timestamp"
+INSERTED = ("insert", "update_postimage")
+
+Data = DataFrame | pa.Table
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """What a table is: where it lives in the lake, its schema, partitioning and properties."""
+
+    layer: str
+    name: str
+    schema: StructType
+    partition_by: tuple[str, ...] = ()
+    properties: Mapping[str, str] = field(default_factory=dict)
+    description: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.layer}/{self.name}"
+
+    @property
+    def view_name(self) -> str:
+        return f"{self.layer.lstrip('_')}_{self.name}"
+
+    @property
+    def arrow_schema(self) -> pa.Schema:
+        return to_arrow_schema(self.schema, timezone="UTC")
+
+    def table_properties(self) -> dict[str, str]:
+        return {CDF_PROPERTY: "true", **self.properties}
+
+
+@dataclass(frozen=True)
+class AppTxn:
+    """An app transaction: ``app_id`` has processed everything up to ``version``."""
+
+    app_id: str
+    version: int
+
+
+@dataclass(frozen=True)
+class TableStats:
+    key: str
+    version: int | None
+    rows: int
+    files: int
+    last_write: datetime | None
+    last_operation: str | None
+
+
+class TableStore(ABC):
+    """Operations on the lake's Delta tables. Engines differ only in how they do them."""
+
+    engine: str = ""
+
+    def __init__(self, spark: SparkSession, lake_root: str, storage_options: Mapping[str, str] | None = None):
+        self.spark = spark
+        self.lake_root = lake_root.rstrip("/")
+        self.storage_options = dict(storage_options or {})
+
+    def path(self, spec: TableSpec) -> str:
+        return f"{self.lake_root}/{spec.layer}/{spec.name}"
+
+    # -- lifecycle -------------------------------------------------------------------------
+    @abstractmethod
+    def exists(self, spec: TableSpec) -> bool: ...
+
+    @abstractmethod
+    def ensure(self, spec: TableSpec) -> bool:
+        """Create the table if missing (schema, partitioning, CDF on). True when created now."""
+
+    # -- writes ----------------------------------------------------------------------------
+    @abstractmethod
+    def append(self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = ()) -> int:
+        """Append rows and record ``txns`` in the same commit; return the new table version."""
+
+    @abstractmethod
+    def merge(
+        self,
+        spec: TableSpec,
+        source: Data,
+        on: str,
+        update: Mapping[str, str] | None = None,
+        insert: Mapping[str, str] | None = None,
+        txns: Sequence[AppTxn] = (),
+    ) -> int:
+        """MERGE ``source`` (alias ``s``) into the table (alias ``t``) on the SQL predicate ``on``.
+
+        ``update`` maps target columns to SQL expressions for matched rows (``None``: update all
+        columns from the source); ``insert`` likewise for unmatched rows (``None``: insert all).
+        """
+
+    @abstractmethod
+    def delete(self, spec: TableSpec, predicate: str, txns: Sequence[AppTxn] = ()) -> int: ...
+
+    # -- reads -----------------------------------------------------------------------------
+    @abstractmethod
+    def read(self, spec: TableSpec, where: str | None = None) -> DataFrame:
+        """The current rows as a Spark DataFrame (``where``: an SQL predicate over the table)."""
+
+    @abstractmethod
+    def read_changes(self, spec: TableSpec, start_version: int, end_version: int | None = None) -> DataFrame:
+        """Change data feed rows of versions ``start..end`` (inclusive), with ``_change_type``,
+        ``_commit_version`` and ``_commit_timestamp``."""
+
+    def read_inserted(self, spec: TableSpec, start_version: int, end_version: int | None = None) -> DataFrame:
+        """Rows added (inserted, or the new image of updated rows) in ``start..end``."""
+        changes = self.read_changes(spec, start_version, end_version)
+        return changes.where(changes[CHANGE_TYPE].isin(*INSERTED))
+
+    @abstractmethod
+    def version(self, spec: TableSpec) -> int | None:
+        """The latest version, or None when the table does not exist."""
+
+    @abstractmethod
+    def history(self, spec: TableSpec, limit: int | None = None) -> list[dict[str, Any]]: ...
+
+    @abstractmethod
+    def txn_version(self, spec: TableSpec, app_id: str) -> int | None:
+        """The version last recorded by ``app_id`` on this table, or None."""
+
+    @abstractmethod
+    def stats(self, spec: TableSpec) -> TableStats: ...
+
+    # -- maintenance -----------------------------------------------------------------------
+    @abstractmethod
+    def optimize(self, spec: TableSpec) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def vacuum(self, spec: TableSpec, retention_hours: int = 168) -> list[str]: ...
+
+    # -- helpers shared by engines -----------------------------------------------------------
+    def to_arrow(self, spec: TableSpec, data: Data) -> pa.Table:
+        """Data conformed to the table's Arrow schema (column order and types)."""
+        table = data if isinstance(data, pa.Table) else data.toArrow()
+        return conform(table, spec.arrow_schema)
+
+    def to_spark(self, table: pa.Table, schema: StructType | None = None) -> DataFrame:
+        if table.num_rows == 0:
+            if schema is None:
+                from pyspark.sql.pandas.types import from_arrow_schema
+
+                schema = from_arrow_schema(table.schema, prefer_timestamp_ntz=False)
+            return self.spark.createDataFrame([], schema)
+        return self.spark.createDataFrame(table)
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Select ``schema``'s columns from ``table`` in order and cast them to its types.
+
+    Missing nullable columns are filled with nulls; a missing non-nullable column is an error.
+    Engines hand back view and large string types that Spark cannot take, so reads conform too.
+    """
+    columns = []
+    for f in schema:
+        if f.name in table.column_names:
+            col = table.column(f.name)
+            if col.type != f.type:
+                col = col.cast(f.type)
+            columns.append(col)
+        else:
+            if not f.nullable:
+                raise ValueError(f"column {f.name!r} is missing and not nullable")
+            columns.append(pa.nulls(table.num_rows, type=f.type))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def arrow_for_spark(table: pa.Table) -> pa.Table:
+    """Replace Arrow types Spark cannot read (string_view, large_string, unsigned ints)."""
+    fields = []
+    for f in table.schema:
+        t = f.type
+        if pa.types.is_string_view(t) or pa.types.is_large_string(t):
+            t = pa.string()
+        elif pa.types.is_binary_view(t) or pa.types.is_large_binary(t):
+            t = pa.binary()
+        elif pa.types.is_unsigned_integer(t):
+            t = pa.int64()
+        elif pa.types.is_timestamp(t) and t.tz is None and f.name == COMMIT_TIMESTAMP:
+            t = pa.timestamp("us", tz="UTC")
+        fields.append(pa.field(f.name, t, f.nullable))
+    schema = pa.schema(fields)
+    return table if schema == table.schema else table.cast(schema)
