@@ -30,7 +30,7 @@ LOCAL_DEFAULTS = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.execution.arrow.pyspark.fallback.enabled": "true",
     "spark.sql.adaptive.enabled": "true",
-    "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
+    "spark.driver.extraJavaOptions": "-Duser.timezone=UTC -Dlog4j2.configurationFile={log4j}",
     "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
     "spark.sql.warehouse.dir": "",  # set per lake root below
 }
@@ -64,6 +64,8 @@ def _under_cluster_manager() -> bool:
 def spark_confs(settings: Settings) -> dict[str, str]:
     """Every conf the pipeline sets on a new session (user confs win over defaults)."""
     confs = dict(LOCAL_DEFAULTS)
+    log4j = Path(__file__).with_name("log4j2.properties").as_uri()
+    confs["spark.driver.extraJavaOptions"] = confs["spark.driver.extraJavaOptions"].format(log4j=log4j)
     confs["spark.sql.warehouse.dir"] = f"{settings.lake_root}/_spark_warehouse"
     confs["spark.sql.shuffle.partitions"] = str(settings.spark.shuffle_partitions)
     confs["spark.driver.memory"] = settings.spark.driver_memory
@@ -91,7 +93,9 @@ def build_spark(settings: Settings) -> SparkSession:
         return spark
 
     check_java()
-    builder = SparkSession.builder.master(settings.spark.master or "local[2]").appName(settings.spark.app_name)
+    builder = SparkSession.builder.master(settings.spark.master or "local[2]").appName(
+        settings.spark.app_name
+    )
     for key, value in confs.items():
         builder = builder.config(key, value)
     try:

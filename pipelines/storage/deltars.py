@@ -103,8 +103,14 @@ class DeltaRsStore(TableStore):
             target_alias="t",
             commit_properties=_commit_properties(txns, "merge"),
         )
-        merger = merger.when_matched_update_all() if update is None else merger.when_matched_update(dict(update))
-        merger = merger.when_not_matched_insert_all() if insert is None else merger.when_not_matched_insert(dict(insert))
+        merger = (
+            merger.when_matched_update_all() if update is None else merger.when_matched_update(dict(update))
+        )
+        merger = (
+            merger.when_not_matched_insert_all()
+            if insert is None
+            else merger.when_not_matched_insert(dict(insert))
+        )
         try:
             merger.execute()
         except CommitFailedError as exc:
@@ -133,7 +139,9 @@ class DeltaRsStore(TableStore):
 
     def read_changes(self, spec: TableSpec, start_version: int, end_version: int | None = None) -> DataFrame:
         dt = self._table(spec)
-        table = arrow_for_spark(pa.table(dt.load_cdf(starting_version=start_version, ending_version=end_version)))
+        table = arrow_for_spark(
+            pa.table(dt.load_cdf(starting_version=start_version, ending_version=end_version))
+        )
         data = conform(table, spec.arrow_schema)
         for name in ("_change_type", "_commit_version", "_commit_timestamp"):
             data = data.append_column(table.schema.field(name), table.column(name))

@@ -41,7 +41,8 @@ class DeltaSparkStore(TableStore):
         if not has_delta_classes(spark):
             raise EngineUnavailableError(
                 "delta_engine=delta-spark needs the Delta Lake jars on the JVM classpath: set "
-                "MEDALLION_DELTA_JARS to the delta-spark and delta-storage jars (on Databricks they are built in)"
+                "MEDALLION_DELTA_JARS to the delta-spark and delta-storage jars "
+                "(on Databricks they are built in)"
             )
         from delta.tables import DeltaTable
 
@@ -95,7 +96,9 @@ class DeltaSparkStore(TableStore):
     def ensure(self, spec: TableSpec) -> bool:
         if self.exists(spec):
             return False
-        builder = self._DeltaTable.createIfNotExists(self.spark).location(self.path(spec)).addColumns(spec.schema)
+        builder = (
+            self._DeltaTable.createIfNotExists(self.spark).location(self.path(spec)).addColumns(spec.schema)
+        )
         if spec.partition_by:
             builder = builder.partitionedBy(*spec.partition_by)
         for key, value in spec.table_properties().items():
@@ -125,9 +128,13 @@ class DeltaSparkStore(TableStore):
     ) -> int:
         src = source if isinstance(source, DataFrame) else self.to_spark(source)
         builder = self._table(spec).alias("t").merge(src.alias("s"), on)
-        builder = builder.whenMatchedUpdateAll() if update is None else builder.whenMatchedUpdate(set=dict(update))
         builder = (
-            builder.whenNotMatchedInsertAll() if insert is None else builder.whenNotMatchedInsert(values=dict(insert))
+            builder.whenMatchedUpdateAll() if update is None else builder.whenMatchedUpdate(set=dict(update))
+        )
+        builder = (
+            builder.whenNotMatchedInsertAll()
+            if insert is None
+            else builder.whenNotMatchedInsert(values=dict(insert))
         )
         with self._txn_confs(_one_txn(txns)), self._conflicts(f"merge into {spec.key}"):
             builder.execute()
@@ -143,7 +150,11 @@ class DeltaSparkStore(TableStore):
         return df.where(where) if where else df
 
     def read_changes(self, spec: TableSpec, start_version: int, end_version: int | None = None) -> DataFrame:
-        reader = self.spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", start_version)
+        reader = (
+            self.spark.read.format("delta")
+            .option("readChangeFeed", "true")
+            .option("startingVersion", start_version)
+        )
         if end_version is not None:
             reader = reader.option("endingVersion", end_version)
         return reader.load(self.path(spec))
@@ -166,7 +177,9 @@ class DeltaSparkStore(TableStore):
         # the Python API does not expose them, so ask the JVM DeltaLog for the current snapshot.
         jvm = self.spark.sparkContext._jvm
         assert jvm is not None
-        delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self.spark._jsparkSession, self.path(spec))
+        delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(
+            self.spark._jsparkSession, self.path(spec)
+        )
         snapshot = delta_log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
         found = snapshot.transactions().get(app_id)
         return int(found.get()) if found.isDefined() else None

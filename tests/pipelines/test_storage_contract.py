@@ -68,7 +68,9 @@ def test_append_and_read_round_trip(store: TableStore, spark: SparkSession) -> N
     assertDataFrameEqual(store.read(SPEC, where="part = 1"), rows(spark, [data[0], data[2]]))
 
 
-def test_append_accepts_arrow_and_fills_missing_nullable_columns(store: TableStore, spark: SparkSession) -> None:
+def test_append_accepts_arrow_and_fills_missing_nullable_columns(
+    store: TableStore, spark: SparkSession
+) -> None:
     store.ensure(SPEC)
     store.append(SPEC, pa.table({"k": ["x"], "part": [3]}))
     assertDataFrameEqual(store.read(SPEC), rows(spark, [("x", 3, None, None)]))
@@ -93,7 +95,9 @@ def test_several_app_transactions_in_one_commit(spark: SparkSession, tmp_path: P
     assert (store.txn_version(SPEC, "g/t/0"), store.txn_version(SPEC, "g/t/1")) == (41, 99)
 
 
-def test_merge_updates_matches_with_expressions_and_inserts_the_rest(store: TableStore, spark: SparkSession) -> None:
+def test_merge_updates_matches_with_expressions_and_inserts_the_rest(
+    store: TableStore, spark: SparkSession
+) -> None:
     store.ensure(SPEC)
     store.append(SPEC, rows(spark, [("a", 1, 10, T0), ("b", 1, 20, T0)]))
     store.merge(
@@ -105,10 +109,14 @@ def test_merge_updates_matches_with_expressions_and_inserts_the_rest(store: Tabl
     assertDataFrameEqual(store.read(SPEC), rows(spark, [("a", 1, 15, T0), ("b", 1, 20, T0), ("z", 2, 1, T0)]))
 
 
-def test_read_changes_returns_inserts_and_update_images_by_version(store: TableStore, spark: SparkSession) -> None:
+def test_read_changes_returns_inserts_and_update_images_by_version(
+    store: TableStore, spark: SparkSession
+) -> None:
     store.ensure(SPEC)
     v1 = store.append(SPEC, rows(spark, [("a", 1, 10, T0)]))
-    v2 = store.merge(SPEC, rows(spark, [("a", 1, 5, T0), ("b", 1, 1, T0)]), on="t.k = s.k", update={"n": "t.n + s.n"})
+    v2 = store.merge(
+        SPEC, rows(spark, [("a", 1, 5, T0), ("b", 1, 1, T0)]), on="t.k = s.k", update={"n": "t.n + s.n"}
+    )
     changes = store.read_changes(SPEC, v2).select("k", "n", "_change_type", "_commit_version")
     assertDataFrameEqual(
         changes,
@@ -120,7 +128,9 @@ def test_read_changes_returns_inserts_and_update_images_by_version(store: TableS
     inserted = store.read_inserted(SPEC, v1, v2).select("k", "n", "_commit_version")
     assertDataFrameEqual(
         inserted,
-        spark.createDataFrame([("a", 10, v1), ("a", 15, v2), ("b", 1, v2)], "k string, n long, _commit_version long"),
+        spark.createDataFrame(
+            [("a", 10, v1), ("a", 15, v2), ("b", 1, v2)], "k string, n long, _commit_version long"
+        ),
     )
 
 
@@ -147,7 +157,7 @@ def test_concurrent_appends_all_land(spark: SparkSession, tmp_path: Path) -> Non
     def write(i: int) -> None:
         try:
             store.append(SPEC, pa.table({"k": [f"w{i}-{j}" for j in range(5)], "part": [i % 2] * 5}))
-        except BaseException as exc:  # noqa: BLE001 - collected for the assertion below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=write, args=(i,)) for i in range(6)]

@@ -1,0 +1,187 @@
+"""Property values: events fanned out into ``(team, property_type, key, value)`` tuples, counted
+per event-time window in two stages.
+
+Stage 1 (map) turns each batch of silver events into partial counts per tuple and window; stage 2
+(merge) sums partials per tuple and window and adds them to the gold table. The fan-out runs on
+Spark's VARIANT functions, not a Python UDF.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
+
+TUPLE = ("team_id", "property_type", "property_key", "property_value")
+WINDOW_START = "window_start"
+SKIP_REASON = "skip_reason"
+
+PARTIALS_SCHEMA = StructType(
+    [
+        StructField("team_id", LongType()),
+        StructField("bucket", IntegerType()),
+        StructField("property_type", StringType()),
+        StructField("property_key", StringType()),
+        StructField("property_value", StringType()),
+        StructField(WINDOW_START, TimestampType()),
+        StructField("count", LongType()),
+        StructField("batch_id", StringType()),
+        StructField("created_at", TimestampType()),
+    ]
+)
+PROPERTY_VALUES_SCHEMA = StructType(
+    [
+        StructField("team_id", LongType()),
+        StructField("bucket", IntegerType()),
+        StructField("property_type", StringType()),
+        StructField("property_key", StringType()),
+        StructField("property_value", StringType()),
+        StructField(WINDOW_START, TimestampType()),
+        StructField("count", LongType()),
+        StructField("first_seen", TimestampType()),
+        StructField("last_seen", TimestampType()),
+    ]
+)
+#: Columns that identify one gold row: a tuple in a window (bucket follows from team).
+GOLD_KEY = (*TUPLE, WINDOW_START)
+
+
+@dataclass(frozen=True)
+class FanoutRules:
+    """What the fan-out skips: over-long keys and values, and excluded keys."""
+
+    max_key_length: int = 400
+    max_value_length: int = 255
+    excluded_keys: Sequence[str] = ()
+
+
+def _entries(obj: Column) -> Column:
+    """The entries of a JSON object held in a VARIANT, as an array of (key, value) structs."""
+    return F.map_entries(F.try_variant_get(obj, "$", "map<string,variant>"))
+
+
+def _tagged(entries: Column, property_type: Column | str) -> Column:
+    kind = property_type if isinstance(property_type, Column) else F.lit(property_type)
+    return F.transform(
+        F.coalesce(entries, F.array().cast("array<struct<key:string,value:variant>>")),
+        lambda e: F.struct(kind.alias("property_type"), e["key"].alias("key"), e["value"].alias("value")),
+    )
+
+
+def fan_out(rules: FanoutRules) -> Callable[[DataFrame], DataFrame]:
+    """Silver events -> one row per property entry, with ``property_value`` as text and a
+    ``skip_reason`` (null for a tuple that counts)."""
+
+    def transform(df: DataFrame) -> DataFrame:
+        props = F.try_parse_json(F.col("properties"))
+        person = F.try_parse_json(F.col("person_properties"))
+        group_index = F.try_variant_get(props, "$['$group_type_index']", "int")
+        is_group = (F.col("event") == "$groupidentify") & group_index.between(0, 4)
+        group_type = F.concat(F.lit("group_"), group_index.cast("string"))
+        all_entries = F.concat(
+            _tagged(_entries(props), "event"),
+            _tagged(_entries(F.try_variant_get(props, "$['$set']", "variant")), "person"),
+            _tagged(_entries(F.try_variant_get(props, "$['$set_once']", "variant")), "person"),
+            _tagged(_entries(person), "person"),
+            F.when(
+                is_group,
+                _tagged(_entries(F.try_variant_get(props, "$['$group_set']", "variant")), group_type),
+            ).otherwise(F.array().cast("array<struct<property_type:string,key:string,value:variant>>")),
+        )
+        exploded = df.select(
+            "team_id", "bucket", "event_time", "batch_id", F.explode(all_entries).alias("e")
+        ).select(
+            "team_id",
+            "bucket",
+            "event_time",
+            "batch_id",
+            F.col("e.property_type").alias("property_type"),
+            F.col("e.key").alias("property_key"),
+            F.to_json(F.col("e.value")).alias("_json"),
+            F.col("e.value").alias("_value"),
+        )
+        first = F.substring(F.col("_json"), 1, 1)
+        value = (
+            F.when(first == '"', F.try_variant_get(F.col("_value"), "$", "string"))
+            .when(first.isin("{", "[", "n"), F.lit(None))
+            .otherwise(F.col("_json"))  # numbers and booleans: their JSON text
+        )
+        key = F.col("property_key")
+        reason = F.coalesce(
+            F.when(key.isNull() | (key == ""), F.lit("empty_key")),
+            F.when(first == "n", F.lit("null_value")),
+            F.when(first.isin("{", "["), F.lit("nested_value")),
+            F.when(value == "", F.lit("empty_value")),
+            F.when(F.length(key) > rules.max_key_length, F.lit("key_too_long")),
+            F.when(F.length(value) > rules.max_value_length, F.lit("value_too_long")),
+            F.when(key.isin(*rules.excluded_keys), F.lit("excluded_key"))
+            if rules.excluded_keys
+            else F.lit(None),
+        )
+        return (
+            exploded.withColumn("property_value", value)
+            .withColumn(SKIP_REASON, reason)
+            .drop("_json", "_value")
+        )
+
+    return transform
+
+
+def window_start(event_time: Column, width: timedelta) -> Column:
+    """Start of the tumbling event-time window of ``width`` holding ``event_time``."""
+    w = int(width.total_seconds() * 1_000_000)
+    t = F.unix_micros(event_time)
+    return F.timestamp_micros(t - F.pmod(t, F.lit(w)))
+
+
+def partials(width: timedelta, created_at: Column | None = None) -> Callable[[DataFrame], DataFrame]:
+    """Counted tuples (fan-out rows without a skip reason) -> partial counts per tuple, window
+    and source batch (stage 1)."""
+
+    def transform(df: DataFrame) -> DataFrame:
+        return (
+            df.where(F.col(SKIP_REASON).isNull())
+            .withColumn(WINDOW_START, window_start(F.col("event_time"), width))
+            .groupBy(*TUPLE, "bucket", WINDOW_START, "batch_id")
+            .agg(F.count(F.lit(1)).alias("count"))
+            .withColumn("created_at", created_at if created_at is not None else F.current_timestamp())
+            .select(*[f.name for f in PARTIALS_SCHEMA.fields])
+        )
+
+    return transform
+
+
+def merge_source() -> Callable[[DataFrame], DataFrame]:
+    """Partials -> one row per tuple and window (stage 2's MERGE source, so MERGE never sees two
+    source rows for one target row)."""
+
+    def transform(df: DataFrame) -> DataFrame:
+        return (
+            df.groupBy(*TUPLE, "bucket", WINDOW_START)
+            .agg(
+                F.sum("count").cast("long").alias("count"),
+                F.min("created_at").alias("first_seen"),
+                F.max("created_at").alias("last_seen"),
+            )
+            .select(*[f.name for f in PROPERTY_VALUES_SCHEMA.fields])
+        )
+
+    return transform
+
+
+#: MERGE of stage 2: add counts, keep when the tuple was first and last seen.
+MERGE_ON = " AND ".join(f"t.{c} = s.{c}" for c in GOLD_KEY)
+MERGE_UPDATE = {
+    "count": "t.count + s.count",
+    "first_seen": "least(t.first_seen, s.first_seen)",
+    "last_seen": "greatest(t.last_seen, s.last_seen)",
+}
+
+
+def skip_counts(df: DataFrame) -> DataFrame:
+    """Fan-out rows -> count per skip reason (``counted`` for tuples that count)."""
+    return df.groupBy(F.coalesce(F.col(SKIP_REASON), F.lit("counted")).alias("reason")).count()

@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.testing import assertDataFrameEqual
+
+from bronze.landing import valid
+from bronze.page_changes import BRONZE_PAGE_CHANGES_COLUMNS, parse_page_changes
+from silver.page_changes import dedup_page_changes
+from tests.helpers import fixture_page_changes
+
+W = timedelta(minutes=5)
+OUT = "wiki_id string, page_id long, rev_id long, event_time timestamp, page_change_kind string, action string, merged_count int"
+COLS = ["wiki_id", "page_id", "rev_id", "event_time", "page_change_kind", "action", "merged_count"]
+
+
+def at(hms: str, day: int = 4) -> datetime:
+    h, m, s = (int(x) for x in hms.split(":"))
+    return datetime(2024, 10, day, h, m, s, tzinfo=UTC)
+
+
+def bronze_fixtures(spark: SparkSession) -> DataFrame:
+    return valid(
+        fixture_page_changes(spark).transform(parse_page_changes(1_000_000)), BRONZE_PAGE_CHANGES_COLUMNS
+    )
+
+
+# The six fixture events that stand alone in their window, in either mode.
+ALONE = [
+    ("commonswiki", 114491269, 934984984, datetime(2024, 10, 7, 19, 33, 46, tzinfo=UTC), "edit", "update", 1),
+    ("commonswiki", 90146511, 935026237, datetime(2024, 10, 7, 20, 44, 58, tzinfo=UTC), "edit", "update", 1),
+    ("commonswiki", 49988679, 930818273, datetime(2024, 9, 30, 22, 33, 39, tzinfo=UTC), "move", "update", 1),
+    ("testwikidatawiki", 330350, 686857, datetime(2024, 10, 8, 7, 35, 59, tzinfo=UTC), "create", "update", 1),
+    ("testwikidatawiki", 330276, 686143, at("16:36:23"), "create", "update", 1),
+    ("testwikidatawiki", 728, 686147, at("16:36:56"), "edit", "update", 1),
+]
+PAGE = ("testwikidatawiki", 330275)
+
+
+def test_worked_example_staggered_emits_eleven_of_thirteen(spark: SparkSession) -> None:
+    out = bronze_fixtures(spark).transform(dedup_page_changes("staggered", W))
+    expected = [
+        (*PAGE, 686138, at("15:09:55"), "create", "update", 1),
+        (*PAGE, 686139, at("15:16:26"), "edit", "update", 1),
+        (*PAGE, 686140, at("15:27:28"), "undelete", "update", 2),
+        (*PAGE, 686140, at("15:37:46"), "undelete", "update", 2),
+        (*PAGE, 686140, at("16:16:05"), "visibility_change", "update", 1),
+        *ALONE,
+    ]
+    assertDataFrameEqual(out.select(*COLS), spark.createDataFrame(expected, OUT))
+    windows = out.where("page_id = 330275 and rev_id = 686140").select("window_start", "window_end")
+    assertDataFrameEqual(
+        windows,
+        spark.createDataFrame(
+            [
+                (at("15:26:14"), at("15:31:14")),
+                (at("15:32:58"), at("15:37:58")),
+                (at("16:16:05"), at("16:21:05")),
+            ],
+            "window_start timestamp, window_end timestamp",
+        ),
+    )
+
+
+def test_worked_example_tumbling_emits_twelve_of_thirteen(spark: SparkSession) -> None:
+    out = bronze_fixtures(spark).transform(dedup_page_changes("tumbling", W))
+    expected = [
+        (*PAGE, 686138, at("15:09:55"), "create", "update", 1),
+        (*PAGE, 686139, at("15:16:26"), "edit", "update", 1),
+        (*PAGE, 686140, at("15:27:28"), "undelete", "update", 2),
+        (*PAGE, 686140, at("15:32:58"), "delete", "delete", 1),
+        (*PAGE, 686140, at("15:37:46"), "undelete", "update", 1),
+        (*PAGE, 686140, at("16:16:05"), "visibility_change", "update", 1),
+        *ALONE,
+    ]
+    assertDataFrameEqual(out.select(*COLS), spark.createDataFrame(expected, OUT))
+
+
+def rows(spark: SparkSession, events: list[tuple[int, str, str]]) -> DataFrame:
+    """Events of one key: (rev_id, hh:mm:ss, kind)."""
+    return spark.createDataFrame(
+        [("w", 1, rev, at(t), kind) for rev, t, kind in events],
+        "wiki_id string, page_id long, rev_id long, event_time timestamp, page_change_kind string",
+    ).selectExpr("*", "cast(null as string) as meta_id", "'{}' as raw")
+
+
+@pytest.mark.parametrize("mode", ["staggered", "tumbling"])
+def test_delete_supersedes_older_revisions_and_a_later_revision_follows_it(
+    spark: SparkSession, mode: str
+) -> None:
+    events = [
+        (10, "10:00:01", "edit"),
+        (11, "10:00:02", "edit"),
+        (11, "10:00:03", "delete"),
+        (12, "10:00:04", "edit"),
+    ]
+    out = rows(spark, events).transform(dedup_page_changes(mode, W))
+    assertDataFrameEqual(
+        out.select("rev_id", "page_change_kind", "merged_count"),
+        spark.createDataFrame(
+            [(11, "delete", 3), (12, "edit", 1)], "rev_id long, page_change_kind string, merged_count int"
+        ),
+    )
+
+
+@pytest.mark.parametrize("mode", ["staggered", "tumbling"])
+def test_same_revision_tie_goes_to_the_delete(spark: SparkSession, mode: str) -> None:
+    events = [(5, "10:00:01", "edit"), (5, "10:00:01", "delete"), (5, "10:00:01", "edit")]
+    out = rows(spark, events).transform(dedup_page_changes(mode, W))
+    assertDataFrameEqual(
+        out.select("rev_id", "action", "merged_count"),
+        spark.createDataFrame([(5, "delete", 3)], "rev_id long, action string, merged_count int"),
+    )
+
+
+def test_out_of_order_arrival_keeps_the_greatest_revision(spark: SparkSession) -> None:
+    events = [
+        (3, "10:00:05", "edit"),
+        (1, "10:00:01", "create"),
+        (2, "10:00:03", "edit"),
+        (3, "10:00:05", "edit"),
+    ]
+    out = rows(spark, events).transform(dedup_page_changes("staggered", W))
+    assertDataFrameEqual(
+        out.select("rev_id", "merged_count"), spark.createDataFrame([(3, 4)], "rev_id long, merged_count int")
+    )
