@@ -1,0 +1,425 @@
+"""The ``medallion`` command line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from pipelines.errors import MedallionError, SettingsError
+from pipelines.settings import Settings, load_settings
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+log = logging.getLogger("medallion")
+
+JOBS = (
+    "silver",
+    "silver-events",
+    "silver-page-changes",
+    "gold",
+    "gold-partials",
+    "gold-merge",
+    "export",
+    "all",
+)
+
+
+class State:
+    """What the top-level options give every command: settings overrides and verbosity."""
+
+    def __init__(self, verbose: bool, overrides: dict[str, Any]):
+        self.verbose = verbose
+        self.overrides = overrides
+        self._settings: Settings | None = None
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            self._settings = load_settings(**self.overrides)
+        return self._settings
+
+    def context(self) -> Any:
+        from pipelines.runner import Context
+        from pipelines.spark import build_spark
+        from pipelines.storage import open_store
+
+        settings = self.settings
+        say_step("starting Spark")
+        spark = build_spark(settings)
+        return Context(settings=settings, spark=spark, store=open_store(settings, spark), say=say_step)
+
+
+_T0 = time.perf_counter()
+
+
+def say_step(message: str) -> None:
+    err_console.print(f"[dim]{time.perf_counter() - _T0:7.1f}s[/dim] {message}")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.option("--verbose", "-v", is_flag=True, help="Show tracebacks and the pipeline's debug log.")
+@click.option("--lake-root", metavar="PATH", help="Override MEDALLION_LAKE_ROOT.")
+@click.option(
+    "--engine", type=click.Choice(["delta-rs", "delta-spark"]), help="Override MEDALLION_DELTA_ENGINE."
+)
+@click.pass_context
+def cli(ctx: click.Context, verbose: bool, lake_root: str | None, engine: str | None) -> None:
+    """A Delta Lake medallion pipeline on Apache Spark.
+
+    Bronze lands Kafka events, page changes and remote-write samples exactly once; silver buckets
+    teams and deduplicates page changes; gold aggregates property values in two stages and exports
+    them exactly once to ClickHouse.
+
+    Settings come from MEDALLION_* variables, a .env file or the file named by MEDALLION_CONFIG;
+    `medallion settings` shows them.
+    """
+    overrides: dict[str, Any] = {}
+    if lake_root:
+        overrides["lake_root"] = lake_root
+    if engine:
+        overrides["delta_engine"] = engine
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    ctx.obj = State(verbose, overrides)
+
+
+# -- demo ---------------------------------------------------------------------------------------
+@cli.command()
+@click.option("--events", default=200_000, show_default=True, help="Synthetic product events to generate.")
+@click.option(
+    "--page-changes", default=60_000, show_default=True, help="Synthetic page changes (before duplicates)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.pass_obj
+def demo(state: State, events: int, page_changes: int, as_json: bool) -> None:
+    """Run bronze -> silver -> gold -> ClickHouse on the shipped fixtures plus a synthetic stream.
+
+    Needs no services: Delta tables go under the lake root, ClickHouse is the embedded chdb.
+    Running it again changes no table.
+    """
+    from pipelines.demo import DemoSize, run_demo
+
+    if events < 0 or page_changes < 0:
+        raise click.BadParameter("sizes must not be negative")
+    ctx = state.context()
+    result = run_demo(ctx, DemoSize(events=events, page_changes=page_changes))
+    if as_json:
+        console.print_json(json.dumps(result))
+        return
+    print_summary(result)
+
+
+def print_summary(result: dict[str, Any]) -> None:
+    t = Table(title="Tables", title_justify="left")
+    t.add_column("table")
+    t.add_column("rows", justify="right")
+    for key, rows in result["tables"].items():
+        t.add_row(key, f"{rows:,}")
+    t.add_row("clickhouse: property_values", f"{result['clickhouse_rows']:,}")
+    console.print(t)
+    f = Table(title="Figures", title_justify="left")
+    f.add_column("figure")
+    f.add_column("value", justify="right")
+    f.add_row("page changes in", f"{result['page_changes_in']:,}")
+    f.add_row("page changes out (silver)", f"{result['page_changes_out']:,}")
+    f.add_row(
+        "page changes deduplicated", f"{result['page_changes_deduplicated']:,} ({result['dedup_percent']}%)"
+    )
+    f.add_row("ClickHouse records per input event (two-stage)", f"{result['records_per_event_two_stage']}")
+    f.add_row(
+        "records per input event (single-stage partials)", f"{result['records_per_event_single_stage']}"
+    )
+    f.add_row(
+        "sum(count): gold / ClickHouse", f"{result['gold_count_sum']:,} / {result['clickhouse_count_sum']:,}"
+    )
+    console.print(f)
+    console.print(
+        f"Delta tables under [bold]{result['lake_root']}[/bold]; ClickHouse at {result['clickhouse']}"
+    )
+    console.print('Query them with: medallion sql "SELECT * FROM gold_property_values LIMIT 10"')
+
+
+# -- run ----------------------------------------------------------------------------------------
+def _parse_buckets(values: Sequence[str]) -> list[int] | None:
+    out: list[int] = []
+    for v in values:
+        for part in v.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if not part.isdigit():
+                raise click.BadParameter(f"{part!r} is not a bucket number", param_hint="--bucket")
+            out.append(int(part))
+    return sorted(set(out)) or None
+
+
+def job_steps(job: str, buckets: list[int] | None) -> list[Callable[[Any], Any]]:
+    from pipelines import jobs
+
+    steps: dict[str, list[Callable[[Any], Any]]] = {
+        "silver-events": [lambda c: jobs.silver_events(c, buckets)],
+        "silver-page-changes": [jobs.silver_page_changes],
+        "gold-partials": [lambda c: jobs.gold_partials(c, buckets)],
+        "gold-merge": [lambda c: jobs.gold_merge(c, buckets)],
+        "export": [jobs.export_property_values],
+    }
+    steps["silver"] = steps["silver-events"] + steps["silver-page-changes"]
+    steps["gold"] = steps["gold-partials"] + steps["gold-merge"]
+    steps["all"] = steps["silver"] + steps["gold"] + steps["export"]
+    return steps[job]
+
+
+@cli.command()
+@click.argument("job", type=click.Choice(JOBS))
+@click.option("--once", is_flag=True, help="Process what is there and stop (else repeat until stopped).")
+@click.option("--interval", default=30.0, show_default=True, help="Seconds between runs without --once.")
+@click.option(
+    "--bucket", "buckets", multiple=True, metavar="K[,K...]", help="Only these buckets (repeatable)."
+)
+@click.pass_obj
+def run(state: State, job: str, once: bool, interval: float, buckets: tuple[str, ...]) -> None:
+    """Run a job incrementally: it reads only source commits it has not processed yet.
+
+    JOB is one of silver, silver-events, silver-page-changes, gold, gold-partials, gold-merge,
+    export or all. Without --once it repeats every --interval seconds until SIGTERM or Ctrl-C,
+    finishing the step under way.
+    """
+    chosen = _parse_buckets(buckets)
+    ctx = state.context()
+    if chosen is not None:
+        bad = [b for b in chosen if b >= ctx.settings.buckets.count]
+        if bad:
+            raise click.BadParameter(
+                f"bucket(s) {bad} outside 0..{ctx.settings.buckets.count - 1}", param_hint="--bucket"
+            )
+    steps = job_steps(job, chosen)
+    stop = threading.Event()
+    if not once:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    while True:
+        for step in steps:
+            record = step(ctx)
+            console.print(f"{record.job}: {record.status}, {record.rows_in:,} in, {record.rows_out:,} out")
+            if stop.is_set():
+                break
+        if once or stop.wait(interval):
+            break
+
+
+# -- ingest -------------------------------------------------------------------------------------
+@cli.group()
+def ingest() -> None:
+    """Land input into bronze."""
+
+
+@ingest.command("file")
+@click.option("--kind", type=click.Choice(["events", "page_changes"]), required=True)
+@click.argument(
+    "paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
+@click.pass_obj
+def ingest_file(state: State, kind: str, paths: tuple[Path, ...]) -> None:
+    """Land JSON-lines or JSON-array files; a file already landed (same content) is skipped."""
+    from pipelines import jobs
+
+    ctx = state.context()
+    record = jobs.ingest_files(ctx, kind, list(paths))
+    console.print(
+        f"{record.job}: {record.status}, {record.rows_in:,} records, {record.rows_out:,} landed, "
+        f"{int(record.metrics.get('quarantined', 0)):,} quarantined"
+    )
+
+
+# -- status -------------------------------------------------------------------------------------
+@cli.command()
+@click.option("--runs", default=15, show_default=True, help="How many recent runs to list.")
+@click.pass_obj
+def status(state: State, runs: int) -> None:
+    """Show every table (version, rows, last write) and the latest job runs."""
+    from pipelines.eventlog import PIPELINE_EVENTS
+    from pipelines.tables import ALL_TABLES
+
+    ctx = state.context()
+    t = Table(title=f"Tables under {ctx.settings.lake_root} ({ctx.store.engine})", title_justify="left")
+    for col in ("table", "version", "rows", "files", "last write", "operation"):
+        t.add_column(col, justify="right" if col in ("version", "rows", "files") else "left")
+    for spec in ALL_TABLES:
+        s = ctx.store.stats(spec)
+        t.add_row(
+            spec.key,
+            "-" if s.version is None else str(s.version),
+            f"{s.rows:,}",
+            str(s.files),
+            s.last_write.strftime("%Y-%m-%d %H:%M:%S") if s.last_write else "-",
+            s.last_operation or "-",
+        )
+    console.print(t)
+    if ctx.store.version(PIPELINE_EVENTS) is None:
+        console.print("No runs yet.")
+        return
+    recent = ctx.store.read(PIPELINE_EVENTS).orderBy("ended_at", ascending=False).limit(runs).collect()
+    r = Table(title="Latest runs", title_justify="left")
+    for col in ("ended", "job", "status", "in", "out", "seconds", "metrics"):
+        r.add_column(col, justify="right" if col in ("in", "out", "seconds") else "left")
+    for row in recent:
+        metrics = dict(row["metrics"] or {})
+        secs = metrics.pop("seconds", 0.0)
+        shown = ", ".join(f"{k}={v:g}" for k, v in sorted(metrics.items())[:6])
+        r.add_row(
+            row["ended_at"].strftime("%Y-%m-%d %H:%M:%S"),
+            row["job"],
+            row["status"] + (f": {row['error']}" if row["error"] else ""),
+            f"{row['rows_in']:,}",
+            f"{row['rows_out']:,}",
+            f"{secs:.1f}",
+            shown,
+        )
+    console.print(r)
+
+
+# -- sql ----------------------------------------------------------------------------------------
+def register_views(ctx: Any, sql: str | None) -> list[str]:
+    """Register each table the SQL names (all of them when ``sql`` is None) as a temp view."""
+    from pipelines.tables import ALL_TABLES
+
+    names = []
+    for spec in ALL_TABLES:
+        if sql is not None and not re.search(rf"\b{re.escape(spec.view_name)}\b", sql, re.IGNORECASE):
+            continue
+        if ctx.store.version(spec) is None:
+            continue
+        ctx.store.read(spec).createOrReplaceTempView(spec.view_name)
+        names.append(spec.view_name)
+    return names
+
+
+def show_rows(df: Any, limit: int, fmt: str) -> None:
+    rows = df.limit(limit).collect()
+    cols = df.columns
+    if fmt == "json":
+        for row in rows:
+            console.print(json.dumps(row.asDict(recursive=True), default=str), soft_wrap=True)
+        return
+    if fmt == "csv":
+        import csv
+
+        writer = csv.writer(sys.stdout)
+        writer.writerow(cols)
+        writer.writerows([[row[c] for c in cols] for row in rows])
+        return
+    t = Table()
+    for c in cols:
+        t.add_column(c)
+    for row in rows:
+        t.add_row(*["NULL" if row[c] is None else str(row[c]) for c in cols])
+    console.print(t)
+    console.print(f"[dim]{len(rows)} row(s){' (limit reached)' if len(rows) == limit else ''}[/dim]")
+
+
+@cli.command()
+@click.argument("query", required=False)
+@click.option("--limit", default=100, show_default=True, help="Rows to show at most.")
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True
+)
+@click.pass_obj
+def sql(state: State, query: str | None, limit: int, fmt: str) -> None:
+    """Run Spark SQL over the lake; every table is a view (bronze_events, gold_property_values, ...).
+
+    Without QUERY, opens an interactive shell: end statements with ';', `.tables` lists the
+    views, `.quit` leaves.
+    """
+    ctx = state.context()
+    if query is not None:
+        register_views(ctx, query)
+        show_rows(ctx.spark.sql(query), limit, fmt)
+        return
+    views = register_views(ctx, None)
+    console.print(f"views: {', '.join(views) or '(no tables yet)'}")
+    buffer = ""
+    while True:
+        try:
+            line = input("medallion> " if not buffer else "       ... ")
+        except EOFError:
+            break
+        stripped = line.strip()
+        if not buffer and stripped in (".quit", ".exit", "quit", "exit"):
+            break
+        if not buffer and stripped == ".tables":
+            console.print(", ".join(register_views(ctx, None)))
+            continue
+        buffer += line + "\n"
+        if not stripped.endswith(";"):
+            continue
+        statement, buffer = buffer.strip().rstrip(";"), ""
+        try:
+            show_rows(ctx.spark.sql(statement), limit, fmt)
+        except Exception as exc:  # keep the shell alive on a bad statement
+            err_console.print(f"[red]error:[/red] {_first_line(exc)}")
+
+
+# -- settings -----------------------------------------------------------------------------------
+@cli.command("settings")
+@click.pass_obj
+def show_settings(state: State) -> None:
+    """Print the effective settings as JSON (secrets masked)."""
+    console.print_json(json.dumps(state.settings.safe_dump()))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    first = text.splitlines()[0]
+    return first if len(first) < 400 else first[:400] + "..."
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point: one clear line per error and a non-zero exit; ``--verbose`` for the traceback."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    verbose = "-v" in args or "--verbose" in args
+    try:
+        cli.main(args=args, prog_name="medallion", standalone_mode=False)
+    except click.exceptions.Abort:
+        err_console.print("aborted")
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except SettingsError as exc:
+        for problem in exc.problems:
+            err_console.print(f"error: {problem}", soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except MedallionError as exc:
+        if verbose:
+            traceback.print_exc()
+        err_console.print(f"error: {exc}", soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
+    except Exception as exc:
+        if verbose:
+            traceback.print_exc()
+        err_console.print(
+            f"error: {type(exc).__name__}: {_first_line(exc)} (run with --verbose for the traceback)",
+            soft_wrap=True,
+        )
+        sys.exit(1)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,115 @@
+"""The pipeline event log (``_meta/pipeline_events``), in the spirit of Lakeflow's event log.
+
+Every job run appends one row: what ran, when, how it ended, rows in and out, and a map of
+metrics. ``medallion status`` reads it back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import pyarrow as pa
+from pyspark.sql.types import (
+    DoubleType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from pipelines.storage import TableSpec, TableStore
+
+log = logging.getLogger("medallion")
+
+PIPELINE_EVENTS_SCHEMA = StructType(
+    [
+        StructField("run_id", StringType()),
+        StructField("job", StringType()),
+        StructField("started_at", TimestampType()),
+        StructField("ended_at", TimestampType()),
+        StructField("status", StringType()),  # ok | failed | noop
+        StructField("rows_in", LongType()),
+        StructField("rows_out", LongType()),
+        StructField("metrics", MapType(StringType(), DoubleType())),
+        StructField("details", StringType()),
+        StructField("error", StringType()),
+    ]
+)
+PIPELINE_EVENTS = TableSpec(
+    "_meta", "pipeline_events", PIPELINE_EVENTS_SCHEMA, description="one row per job run"
+)
+
+
+@dataclass
+class RunRecord:
+    """What a job reports about its run; filled in by the job, written by :func:`recorded`."""
+
+    job: str
+    rows_in: int = 0
+    rows_out: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    details: str | None = None
+    status: str = "ok"
+
+    def add(self, **metrics: float | int) -> None:
+        for key, value in metrics.items():
+            self.metrics[key] = float(value)
+
+    def noop(self, why: str) -> None:
+        self.status = "noop"
+        self.details = why
+
+
+def new_run_id() -> str:
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
+
+
+def append_events(store: TableStore, rows: list[Mapping[str, object]]) -> None:
+    store.ensure(PIPELINE_EVENTS)
+    table = pa.Table.from_pylist(
+        [{**r, "metrics": list((r.get("metrics") or {}).items())} for r in rows],  # type: ignore[union-attr]
+        schema=PIPELINE_EVENTS.arrow_schema,
+    )
+    store.append(PIPELINE_EVENTS, table)
+
+
+@contextmanager
+def recorded(store: TableStore, job: str, run_id: str) -> Iterator[RunRecord]:
+    """Time a job run and append its event-log row, also when the job fails."""
+    record = RunRecord(job)
+    started = datetime.now(UTC)
+    t0 = time.perf_counter()
+    error: str | None = None
+    try:
+        yield record
+    except BaseException as exc:
+        record.status = "failed"
+        error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        raise
+    finally:
+        record.add(seconds=round(time.perf_counter() - t0, 3))
+        row = {
+            "run_id": run_id,
+            "job": job,
+            "started_at": started,
+            "ended_at": datetime.now(UTC),
+            "status": record.status,
+            "rows_in": record.rows_in,
+            "rows_out": record.rows_out,
+            "metrics": record.metrics,
+            "details": record.details,
+            "error": error,
+        }
+        try:
+            append_events(store, [row])
+        except Exception:  # the log must never hide the job's own outcome
+            log.exception("could not write the event log row for %s", job)

@@ -1,0 +1,300 @@
+"""The jobs: each wires read -> transform -> write for one step, exactly once.
+
+Bronze lands files; silver buckets events and deduplicates page changes; gold fans events out
+into partial counts (stage 1), merges them (stage 2) and exports count differences to ClickHouse.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import yaml
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from bronze.events import BRONZE_EVENTS_COLUMNS, parse_events
+from bronze.landing import quarantined, valid
+from bronze.page_changes import BRONZE_PAGE_CHANGES_COLUMNS, parse_page_changes
+from gold.export import count_deltas
+from gold.property_values import (
+    MERGE_ON,
+    MERGE_UPDATE,
+    FanoutRules,
+    fan_out,
+    merge_source,
+    partials,
+    skip_counts,
+)
+from pipelines.errors import InputError, SettingsError
+from pipelines.eventlog import RunRecord
+from pipelines.runner import Context, app_id, append_once, pending, run_job
+from pipelines.sinks import clickhouse
+from pipelines.sources.files import landing_table, read_records
+from pipelines.storage import AppTxn, TableSpec
+from pipelines.tables import (
+    BRONZE_EVENTS,
+    BRONZE_PAGE_CHANGES,
+    BRONZE_QUARANTINE,
+    EXPORTS,
+    GOLD_PARTIALS,
+    GOLD_PROPERTY_VALUES,
+    SILVER_EVENTS,
+    SILVER_PAGE_CHANGES,
+)
+from silver.buckets import BucketMapping
+from silver.events import to_silver_events
+from silver.page_changes import dedup_page_changes
+
+KINDS = {
+    "events": (BRONZE_EVENTS, parse_events, BRONZE_EVENTS_COLUMNS),
+    "page_changes": (BRONZE_PAGE_CHANGES, parse_page_changes, BRONZE_PAGE_CHANGES_COLUMNS),
+}
+
+
+def bucket_mapping(ctx: Context) -> BucketMapping:
+    """The mapping file named in settings, or hash-only buckets when none is set."""
+    cfg = ctx.settings.buckets
+    if cfg.mapping_file is None:
+        return BucketMapping(cfg.count)
+    path = Path(cfg.mapping_file)
+    if not path.is_file():
+        raise SettingsError([f"MEDALLION_BUCKETS__MAPPING_FILE: {str(path)!r} does not exist"])
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        return BucketMapping.from_dict(data, cfg.count)
+    except (yaml.YAMLError, ValueError, TypeError, AttributeError) as exc:
+        raise SettingsError(
+            [f"MEDALLION_BUCKETS__MAPPING_FILE: {str(path)!r} is not a valid mapping: {exc}"]
+        ) from exc
+
+
+def _in_buckets(df: DataFrame, buckets: Sequence[int] | None) -> DataFrame:
+    return df if not buckets else df.where(F.col("bucket").isin(*buckets))
+
+
+# -- bronze -------------------------------------------------------------------------------------
+def ingest_files(ctx: Context, kind: str, paths: Sequence[Path]) -> RunRecord:
+    """Land JSON-lines / JSON-array files into bronze, idempotently per file content."""
+    if kind not in KINDS:
+        raise InputError(f"unknown kind {kind!r}: use one of {', '.join(KINDS)}")
+    target, parser, columns = KINDS[kind]
+    max_bytes = ctx.settings.kafka.max_message_bytes
+
+    def body(record: RunRecord) -> None:
+        for spec in (target, BRONZE_QUARANTINE):
+            ctx.store.ensure(spec)
+        now = datetime.now(UTC)
+        files = []
+        for path in paths:
+            content = Path(path).read_bytes() if Path(path).is_file() else None
+            if content is None:
+                raise InputError(f"{path}: no such file")
+            batch = read_records(path, content)
+            txn = AppTxn(f"medallion/ingest-file/{kind}/{batch.digest}", 0)
+            if any(b.digest == batch.digest for b, _ in files) or ctx.store.txn_version(target, txn.app_id) is not None:
+                record.add(files_skipped=record.metrics.get("files_skipped", 0) + 1)
+                continue
+            files.append((batch, txn))
+        if not files:
+            record.noop("every file was landed before")
+            return
+        landing = landing_table([b for b, _ in files], now)
+        parsed = ctx.spark.createDataFrame(landing).transform(parser(max_bytes)).persist()
+        good = valid(parsed, columns).toArrow()
+        bad = quarantined(parsed, kind).toArrow()
+        parsed.unpersist()
+        for batch, txn in files:
+            name = str(batch.path)
+            append_once(ctx.store, BRONZE_QUARANTINE, bad.filter(pc.equal(bad["source_file"], name)), txn)
+            append_once(ctx.store, target, good.filter(pc.equal(good["source_file"], name)), txn)
+        record.rows_in = landing.num_rows
+        record.rows_out = good.num_rows
+        record.add(files=len(files), quarantined=bad.num_rows)
+        ctx.say(f"landed {good.num_rows:,} {kind} from {len(files)} file(s), {bad.num_rows:,} quarantined")
+
+    return run_job(ctx, f"ingest_file.{kind}", body)
+
+
+# -- silver -------------------------------------------------------------------------------------
+def silver_events(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
+    """New bronze events -> silver events with their team bucket."""
+    mapping = bucket_mapping(ctx)
+
+    def body(record: RunRecord) -> None:
+        ctx.store.ensure(SILVER_EVENTS)
+        inc = pending(
+            ctx.store, BRONZE_EVENTS, SILVER_EVENTS, app_id("silver.events", BRONZE_EVENTS, buckets)
+        )
+        if inc is None:
+            record.noop("no new bronze events")
+            return
+        out = _in_buckets(inc.read(ctx.store).transform(to_silver_events(mapping)), buckets).toArrow()
+        ctx.store.append(SILVER_EVENTS, out, [inc.txn])
+        record.rows_in = record.rows_out = out.num_rows
+        per_bucket = pc.value_counts(out["bucket"]).to_pylist() if out.num_rows else []
+        record.add(**{f"bucket.{d['values']}.events": d["counts"] for d in per_bucket})
+        record.add(source_from=inc.start, source_to=inc.end)
+        ctx.say(f"silver/events: {out.num_rows:,} events in {len(per_bucket)} bucket(s)")
+
+    return run_job(ctx, "silver.events", body)
+
+
+def silver_page_changes(ctx: Context) -> RunRecord:
+    """New bronze page changes -> reordered, deduplicated page changes."""
+    cfg = ctx.settings.page_changes
+
+    def body(record: RunRecord) -> None:
+        ctx.store.ensure(SILVER_PAGE_CHANGES)
+        inc = pending(
+            ctx.store,
+            BRONZE_PAGE_CHANGES,
+            SILVER_PAGE_CHANGES,
+            app_id("silver.page_changes", BRONZE_PAGE_CHANGES),
+        )
+        if inc is None:
+            record.noop("no new bronze page changes")
+            return
+        source = inc.read(ctx.store).persist()
+        n_in = source.count()
+        out = source.transform(dedup_page_changes(cfg.mode, cfg.window)).toArrow()
+        source.unpersist()
+        ctx.store.append(SILVER_PAGE_CHANGES, out, [inc.txn])
+        record.rows_in, record.rows_out = n_in, out.num_rows
+        record.add(input_events=n_in, emitted=out.num_rows, deduplicated=n_in - out.num_rows)
+        ctx.say(f"silver/page_changes: {n_in:,} in, {out.num_rows:,} out ({cfg.mode}, {cfg.window})")
+
+    return run_job(ctx, "silver.page_changes", body)
+
+
+# -- gold ---------------------------------------------------------------------------------------
+def fanout_rules(ctx: Context) -> FanoutRules:
+    g = ctx.settings.gold
+    return FanoutRules(g.max_key_length, g.max_value_length, tuple(g.excluded_keys))
+
+
+def gold_partials(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
+    """Stage 1: new silver events -> partial tuple counts per window and source batch."""
+
+    def body(record: RunRecord) -> None:
+        ctx.store.ensure(GOLD_PARTIALS)
+        inc = pending(
+            ctx.store, SILVER_EVENTS, GOLD_PARTIALS, app_id("gold.partials", SILVER_EVENTS, buckets)
+        )
+        if inc is None:
+            record.noop("no new silver events")
+            return
+        events = _in_buckets(inc.read(ctx.store), buckets).persist()
+        tuples = events.transform(fan_out(fanout_rules(ctx))).persist()
+        out = tuples.transform(partials(ctx.settings.gold.window)).toArrow()
+        reasons = {r["reason"]: r["count"] for r in skip_counts(tuples).collect()}
+        n_events = events.count()
+        tuples.unpersist()
+        events.unpersist()
+        ctx.store.append(GOLD_PARTIALS, out, [inc.txn])
+        counted = reasons.pop("counted", 0)
+        record.rows_in, record.rows_out = n_events, out.num_rows
+        record.add(input_events=n_events, tuples=counted, partial_rows=out.num_rows)
+        record.add(**{f"skipped.{k}": v for k, v in reasons.items()})
+        ctx.say(f"gold stage 1: {n_events:,} events -> {counted:,} tuples -> {out.num_rows:,} partial rows")
+
+    return run_job(ctx, "gold.partials", body)
+
+
+def gold_merge(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
+    """Stage 2: partials not merged yet -> summed per tuple and window -> MERGE into gold."""
+
+    def body(record: RunRecord) -> None:
+        ctx.store.ensure(GOLD_PROPERTY_VALUES)
+        inc = pending(
+            ctx.store, GOLD_PARTIALS, GOLD_PROPERTY_VALUES, app_id("gold.merge", GOLD_PARTIALS, buckets)
+        )
+        if inc is None:
+            record.noop("no new partials")
+            return
+        parts = _in_buckets(inc.read(ctx.store), buckets)
+        source = parts.transform(merge_source()).toArrow()
+        ctx.store.merge(GOLD_PROPERTY_VALUES, source, on=MERGE_ON, update=MERGE_UPDATE, txns=[inc.txn])
+        record.rows_in = int(parts.count())
+        record.rows_out = source.num_rows
+        record.add(partial_rows=record.rows_in, merged_rows=source.num_rows)
+        ctx.say(f"gold stage 2: {record.rows_in:,} partial rows merged as {source.num_rows:,} rows")
+
+    return run_job(ctx, "gold.merge", body)
+
+
+def export_property_values(ctx: Context) -> RunRecord:
+    """Gold commits not exported yet -> count differences inserted into ClickHouse, exactly once.
+
+    Rows are sent per gold commit in a fixed order and chunking, each insert with a token made of
+    the commit version and chunk number: a run that dies after inserting but before recording
+    the export resends the same tokens, which ClickHouse drops.
+    """
+    database = ctx.settings.clickhouse.database
+    chunk = ctx.settings.clickhouse.insert_chunk_rows
+
+    def body(record: RunRecord) -> None:
+        ctx.store.ensure(EXPORTS)
+        ctx.store.ensure(GOLD_PROPERTY_VALUES)
+        app = app_id("export.clickhouse", GOLD_PROPERTY_VALUES)
+        inc = pending(ctx.store, GOLD_PROPERTY_VALUES, EXPORTS, app)
+        if inc is None:
+            record.noop("nothing new in gold")
+            return
+        changes = ctx.store.read_changes(GOLD_PROPERTY_VALUES, inc.start, inc.end)
+        deltas = changes.transform(count_deltas()).orderBy(
+            "source_version", "team_id", "property_type", "property_key", "property_value", "window_start"
+        )
+        data = deltas.toArrow()
+        sent = 0
+        with clickhouse.connect(ctx.settings) as client:
+            clickhouse.ensure_property_values(client, database)
+            for version in sorted(set(data["source_version"].to_pylist())):
+                rows = data.filter(pc.equal(data["source_version"], version)).drop_columns(["source_version"])
+                for i, offset in enumerate(range(0, rows.num_rows, chunk)):
+                    part = rows.slice(offset, chunk)
+                    clickhouse.insert(
+                        client, clickhouse.PROPERTY_VALUES_TABLE, part, _token(version, i), database
+                    )
+                    sent += part.num_rows
+        count_sum = int(pc.sum(data["count"]).as_py() or 0) if data.num_rows else 0
+        summary = pa.Table.from_pylist(
+            [
+                {
+                    "sink": "clickhouse",
+                    "target": clickhouse.PROPERTY_VALUES_TABLE,
+                    "source": GOLD_PROPERTY_VALUES.key,
+                    "from_version": inc.start,
+                    "to_version": inc.end,
+                    "rows": sent,
+                    "count_sum": count_sum,
+                    "exported_at": datetime.now(UTC),
+                }
+            ],
+            schema=EXPORTS.arrow_schema,
+        )
+        ctx.store.append(EXPORTS, summary, [inc.txn])
+        record.rows_in = record.rows_out = sent
+        record.add(rows_exported=sent, count_sum=count_sum, from_version=inc.start, to_version=inc.end)
+        ctx.say(f"export: {sent:,} rows to ClickHouse {clickhouse.PROPERTY_VALUES_TABLE}")
+
+    return run_job(ctx, "export.clickhouse", body)
+
+
+def _token(version: int, chunk: int) -> str:
+    return f"medallion:{GOLD_PROPERTY_VALUES.key}:v{version}:c{chunk}"
+
+
+def ensure_all(ctx: Context, specs: Sequence[TableSpec]) -> None:
+    for spec in specs:
+        ctx.store.ensure(spec)
+
+
+def describe(record: RunRecord) -> str:
+    return json.dumps(
+        {"job": record.job, "status": record.status, "in": record.rows_in, "out": record.rows_out}
+    )

@@ -1,0 +1,109 @@
+"""How jobs run: incremental reads, exactly-once writes, retries on commit conflicts, the event log.
+
+A job reads only the source commits it has not processed: it records ``app_id -> last source
+version`` as a Delta app transaction in the same commit as its output. A crash before that
+commit makes the next run redo the work; a crash after it makes the next run skip it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+
+from pipelines.errors import CommitConflictError
+from pipelines.eventlog import RunRecord, new_run_id, recorded
+from pipelines.settings import Settings
+from pipelines.storage import AppTxn, TableSpec, TableStore
+
+log = logging.getLogger("medallion")
+T = TypeVar("T")
+
+CONFLICT_RETRIES = 8
+
+
+@dataclass
+class Context:
+    """Everything a job needs: settings, Spark, the table store, the run id and a progress sink."""
+
+    settings: Settings
+    spark: SparkSession
+    store: TableStore
+    run_id: str = field(default_factory=new_run_id)
+    say: Callable[[str], None] = field(default=lambda msg: log.info("%s", msg))
+
+
+@dataclass(frozen=True)
+class Increment:
+    """Source versions ``start..end`` (inclusive) that ``app_id`` has not processed yet."""
+
+    source: TableSpec
+    start: int
+    end: int
+    app_id: str
+
+    @property
+    def txn(self) -> AppTxn:
+        return AppTxn(self.app_id, self.end)
+
+    def read(self, store: TableStore) -> DataFrame:
+        """The rows added to the source in this increment."""
+        return store.read_inserted(self.source, self.start, self.end)
+
+
+def app_id(job: str, source: TableSpec, buckets: Sequence[int] | None = None) -> str:
+    suffix = "" if not buckets else "#buckets=" + ",".join(str(b) for b in sorted(buckets))
+    return f"medallion/{job}<-{source.key}{suffix}"
+
+
+def pending(store: TableStore, source: TableSpec, target: TableSpec, app: str) -> Increment | None:
+    """The source versions not yet recorded by ``app`` on ``target``, or None when up to date."""
+    latest = store.version(source)
+    if latest is None:
+        return None
+    done = store.txn_version(target, app)
+    start = 0 if done is None else done + 1
+    if start > latest:
+        return None
+    return Increment(source, start, latest, app)
+
+
+def append_once(store: TableStore, spec: TableSpec, data: pa.Table | DataFrame, txn: AppTxn) -> bool:
+    """Append unless ``spec`` already records ``txn`` (a redo after a crash). True when written."""
+    done = store.txn_version(spec, txn.app_id)
+    if done is not None and done >= txn.version:
+        return False
+    store.append(spec, data, [txn])
+    return True
+
+
+def with_conflict_retries(fn: Callable[[], T], what: str, attempts: int = CONFLICT_RETRIES) -> T:
+    """Run ``fn``; on a commit conflict re-run it (it re-reads what is left to do)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except CommitConflictError:
+            if attempt == attempts:
+                raise
+            delay = min(0.05 * 2**attempt, 2.0)
+            log.warning("%s: commit conflict, retry %d/%d in %.2fs", what, attempt, attempts - 1, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def run_job(ctx: Context, job: str, body: Callable[[RunRecord], None]) -> RunRecord:
+    """Run ``body`` as ``job``: conflict retries, timing and an event-log row."""
+    with recorded(ctx.store, job, ctx.run_id) as record:
+
+        def attempt() -> None:
+            record.rows_in = record.rows_out = 0
+            record.metrics.clear()
+            body(record)
+
+        with_conflict_retries(attempt, job)
+    return record

@@ -1,0 +1,91 @@
+"""ClickHouse through clickhouse-connect: the embedded chdb engine by default, any server over HTTP.
+
+The embedded engine holds one data path per process, so every use opens the client in a
+``with`` block and closes it after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from pipelines.errors import MedallionError
+from pipelines.settings import Settings, redact_url
+
+PROPERTY_VALUES_TABLE = "property_values"
+PROPERTY_VALUES_COLUMNS = (
+    "team_id",
+    "property_type",
+    "property_key",
+    "property_value",
+    "window_start",
+    "count",
+)
+# Tokens of this many recent inserts are remembered, so a retried insert is not applied twice.
+DEDUP_WINDOW = 100_000
+
+PROPERTY_VALUES_DDL = f"""
+CREATE TABLE IF NOT EXISTS {{db}}.{PROPERTY_VALUES_TABLE} (
+    team_id Int64,
+    property_type LowCardinality(String),
+    property_key String,
+    property_value String,
+    window_start DateTime64(3, 'UTC'),
+    `count` Int64
+)
+ENGINE = SummingMergeTree(`count`)
+ORDER BY (team_id, property_type, property_key, property_value, window_start)
+SETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW}
+"""
+
+
+class ClickHouseError(MedallionError):
+    """ClickHouse could not be reached or refused a statement."""
+
+
+@contextmanager
+def connect(settings: Settings) -> Iterator[Any]:
+    """A clickhouse-connect client for ``settings.clickhouse``; closed when the block ends."""
+    import clickhouse_connect
+
+    ch = settings.clickhouse
+    dsn = ch.dsn or ""
+    try:
+        if dsn.startswith("chdb://"):
+            Path(dsn.removeprefix("chdb://")).mkdir(parents=True, exist_ok=True)
+            client = clickhouse_connect.get_client(dsn=dsn)
+        else:
+            client = clickhouse_connect.get_client(
+                dsn=dsn,
+                username=ch.user,
+                password=ch.password.get_secret_value() if ch.password else "",
+                database=ch.database,
+            )
+    except Exception as exc:
+        raise ClickHouseError(f"cannot connect to ClickHouse at {redact_url(dsn)}: {exc}") from exc
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def ensure_property_values(client: Any, database: str = "default") -> None:
+    client.command(f"CREATE DATABASE IF NOT EXISTS {database}")
+    client.command(PROPERTY_VALUES_DDL.format(db=database))
+
+
+def insert(client: Any, table: str, data: pa.Table, token: str, database: str = "default") -> None:
+    """Insert ``data``; ClickHouse drops a repeat of the same ``token`` (insert deduplication)."""
+    client.insert_arrow(
+        f"{database}.{table}",
+        data,
+        settings={"insert_deduplication_token": token, "insert_deduplicate": 1},
+    )
+
+
+def query_rows(client: Any, sql: str) -> list[tuple[Any, ...]]:
+    return [tuple(r) for r in client.query(sql).result_rows]

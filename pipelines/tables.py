@@ -1,0 +1,90 @@
+"""Every table of the lake: its place (``<layer>/<name>``), schema and partitioning.
+
+Schemas live next to the code that produces the rows; this module only gathers them, so
+``medallion status`` and ``medallion sql`` can list every table and jobs can name them.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
+
+from bronze.events import BRONZE_EVENTS_SCHEMA
+from bronze.landing import QUARANTINE_SCHEMA
+from bronze.page_changes import BRONZE_PAGE_CHANGES_SCHEMA
+from gold.property_values import PARTIALS_SCHEMA, PROPERTY_VALUES_SCHEMA
+from pipelines.eventlog import PIPELINE_EVENTS
+from pipelines.storage import TableSpec
+from silver.events import SILVER_EVENTS_SCHEMA
+from silver.page_changes import SILVER_PAGE_CHANGES_SCHEMA
+
+BRONZE_EVENTS = TableSpec("bronze", "events", BRONZE_EVENTS_SCHEMA, description="product events as ingested")
+BRONZE_PAGE_CHANGES = TableSpec(
+    "bronze",
+    "page_changes",
+    BRONZE_PAGE_CHANGES_SCHEMA,
+    description="mediawiki.page_change.v1 events as ingested",
+)
+BRONZE_QUARANTINE = TableSpec(
+    "bronze", "quarantine", QUARANTINE_SCHEMA, description="input that could not be landed, with the reason"
+)
+SILVER_EVENTS = TableSpec(
+    "silver", "events", SILVER_EVENTS_SCHEMA, partition_by=("bucket",), description="events with team buckets"
+)
+SILVER_PAGE_CHANGES = TableSpec(
+    "silver",
+    "page_changes",
+    SILVER_PAGE_CHANGES_SCHEMA,
+    description="page changes reordered and deduplicated",
+)
+GOLD_PARTIALS = TableSpec(
+    "gold",
+    "property_value_partials",
+    PARTIALS_SCHEMA,
+    partition_by=("bucket",),
+    description="stage 1: partial tuple counts per window and source batch",
+)
+GOLD_PROPERTY_VALUES = TableSpec(
+    "gold",
+    "property_values",
+    PROPERTY_VALUES_SCHEMA,
+    partition_by=("bucket",),
+    description="stage 2: one row per (team, property_type, key, value) and window",
+)
+EXPORTS = TableSpec(
+    "_meta",
+    "exports",
+    StructType(
+        [
+            StructField("sink", StringType()),
+            StructField("target", StringType()),
+            StructField("source", StringType()),
+            StructField("from_version", LongType()),
+            StructField("to_version", LongType()),
+            StructField("rows", LongType()),
+            StructField("count_sum", LongType()),
+            StructField("exported_at", TimestampType()),
+        ]
+    ),
+    description="what each export sent, recorded with the export's app transaction",
+)
+
+ALL_TABLES: tuple[TableSpec, ...] = (
+    BRONZE_EVENTS,
+    BRONZE_PAGE_CHANGES,
+    BRONZE_QUARANTINE,
+    SILVER_EVENTS,
+    SILVER_PAGE_CHANGES,
+    GOLD_PARTIALS,
+    GOLD_PROPERTY_VALUES,
+    PIPELINE_EVENTS,
+    EXPORTS,
+)
+BY_KEY = {t.key: t for t in ALL_TABLES}
+
+
+def table(key: str) -> TableSpec:
+    """The spec for ``layer/name`` (e.g. ``bronze/events``)."""
+    try:
+        return BY_KEY[key]
+    except KeyError:
+        raise KeyError(f"unknown table {key!r}; known: {', '.join(sorted(BY_KEY))}") from None
