@@ -96,7 +96,8 @@ def ingest_files(ctx: Context, kind: str, paths: Sequence[Path]) -> RunRecord:
                 raise InputError(f"{path}: no such file")
             batch = read_records(path, content)
             txn = AppTxn(f"medallion/ingest-file/{kind}/{batch.digest}", 0)
-            if any(b.digest == batch.digest for b, _ in files) or ctx.store.txn_version(target, txn.app_id) is not None:
+            seen = any(b.digest == batch.digest for b, _ in files)
+            if seen or ctx.store.txn_version(target, txn.app_id) is not None:
                 record.add(files_skipped=record.metrics.get("files_skipped", 0) + 1)
                 continue
             files.append((batch, txn))

@@ -111,7 +111,9 @@ def test_some_events_carry_properties_as_a_json_string(events: list[dict[str, An
     assert 0.01 * len(events) < as_string < 0.04 * len(events)
 
 
-def test_timestamps_mostly_increase_but_some_arrive_a_little_out_of_order(events: list[dict[str, Any]]) -> None:
+def test_timestamps_mostly_increase_but_some_arrive_a_little_out_of_order(
+    events: list[dict[str, Any]],
+) -> None:
     times = [parse_time(e["timestamp"]) for e in events]
     backwards = sum(later < earlier for earlier, later in pairwise(times))
     assert 0 < backwards < 0.5 * len(times)
@@ -125,9 +127,7 @@ def test_team_volume_is_skewed(events: list[dict[str, Any]]) -> None:
 
 
 def test_property_values_are_skewed_within_a_key(events: list[dict[str, Any]]) -> None:
-    browsers = Counter(
-        v for e in events if isinstance(v := properties_of(e).get("$browser"), str) and v
-    )
+    browsers = Counter(v for e in events if isinstance(v := properties_of(e).get("$browser"), str) and v)
     (_, top), *rest = browsers.most_common()
     assert top >= 3 * rest[-1][1]
 
@@ -174,7 +174,9 @@ def test_some_property_values_hit_every_fanout_skip_rule(events: list[dict[str, 
 # -------------------------------------------------------------------------------------------- page changes
 
 
-def test_same_seed_gives_identical_page_changes_and_another_seed_differs(changes: list[dict[str, Any]]) -> None:
+def test_same_seed_gives_identical_page_changes_and_another_seed_differs(
+    changes: list[dict[str, Any]],
+) -> None:
     assert list(generate_page_changes(CHANGES)) == changes
     other = list(generate_page_changes(PageChangesSpec(**{**CHANGES.__dict__, "seed": CHANGES.seed + 1})))
     assert other != changes
@@ -246,7 +248,9 @@ def test_deletes_undeletes_and_visibility_changes_keep_the_current_rev_id(
                 assert after["page_change_kind"] == "undelete"
 
 
-def test_page_activity_is_skewed_with_bursts_inside_five_minutes(distinct_changes: list[dict[str, Any]]) -> None:
+def test_page_activity_is_skewed_with_bursts_inside_five_minutes(
+    distinct_changes: list[dict[str, Any]],
+) -> None:
     per_key: dict[tuple[str, int], list[datetime]] = defaultdict(list)
     for c in distinct_changes:
         per_key[key_of(c)].append(parse_time(c["dt"]))
