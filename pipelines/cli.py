@@ -21,8 +21,9 @@ from rich.table import Table
 from pipelines.errors import MedallionError, SettingsError
 from pipelines.settings import Settings, load_settings
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+# Piped output (CI logs, files) gets wide tables instead of truncated cells.
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+err_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 200)
 log = logging.getLogger("medallion")
 
 JOBS = (
@@ -279,7 +280,7 @@ def status(state: State, runs: int) -> None:
     for row in recent:
         metrics = dict(row["metrics"] or {})
         secs = metrics.pop("seconds", 0.0)
-        shown = ", ".join(f"{k}={v:g}" for k, v in sorted(metrics.items())[:6])
+        shown = ", ".join(f"{k}={_num(v)}" for k, v in sorted(metrics.items())[:8])
         r.add_row(
             row["ended_at"].strftime("%Y-%m-%d %H:%M:%S"),
             row["job"],
@@ -379,6 +380,10 @@ def sql(state: State, query: str | None, limit: int, fmt: str) -> None:
 def show_settings(state: State) -> None:
     """Print the effective settings as JSON (secrets masked)."""
     console.print_json(json.dumps(state.settings.safe_dump()))
+
+
+def _num(value: float) -> str:
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:,.3f}"
 
 
 def _first_line(exc: BaseException) -> str:

@@ -57,6 +57,7 @@ def landing_files(lake_root: Path, size: DemoSize) -> dict[str, list[Path]]:
         landing / "synthetic",
         "events",
         size.event_batches,
+        interleave=True,  # batches stand for pods consuming one stream at once
     )
     changes = synthetic.write_jsonl_batches(
         synthetic.generate_page_changes(synthetic.PageChangesSpec(changes=size.page_changes)),

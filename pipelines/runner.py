@@ -106,4 +106,6 @@ def run_job(ctx: Context, job: str, body: Callable[[RunRecord], None]) -> RunRec
             body(record)
 
         with_conflict_retries(attempt, job)
+        if record.status == "noop":
+            ctx.say(f"{job}: nothing to do ({record.details})")
     return record

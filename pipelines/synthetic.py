@@ -863,13 +863,15 @@ def generate_page_changes(spec: PageChangesSpec) -> Iterator[dict[str, Any]]:
 
 
 def write_jsonl_batches(
-    records: Iterable[dict[str, Any]], directory: Path, prefix: str, batches: int
+    records: Iterable[dict[str, Any]], directory: Path, prefix: str, batches: int, interleave: bool = False
 ) -> list[Path]:
-    """Writes ``records``, in order, as ``batches`` contiguous JSON Lines files
-    ``{prefix}-{i:03d}.jsonl`` under ``directory`` and returns their paths.
+    """Writes ``records`` as ``batches`` JSON Lines files ``{prefix}-{i:03d}.jsonl`` under
+    ``directory`` and returns their paths.
 
-    Sizes differ by at most one line (earlier files get the extra lines); a file may be empty when
-    there are fewer records than batches.
+    By default each file is a contiguous slice, in order; sizes differ by at most one line
+    (earlier files get the extra lines). With ``interleave`` record ``i`` goes to file
+    ``i % batches``, as when several pods consume one stream at once: every file then covers the
+    whole time span. A file may be empty when there are fewer records than batches.
     """
     if batches < 1:
         raise ValueError("batches must be >= 1")
@@ -881,9 +883,10 @@ def write_jsonl_batches(
     start = 0
     for b in range(batches):
         end = start + size + (1 if b < extra else 0)
+        chunk = lines[b::batches] if interleave else lines[start:end]
         path = directory / f"{prefix}-{b:03d}.jsonl"
         # Bytes, not text mode, so no platform newline translation can change the output.
-        path.write_bytes("".join(f"{line}\n" for line in lines[start:end]).encode("utf-8"))
+        path.write_bytes("".join(f"{line}\n" for line in chunk).encode("utf-8"))
         paths.append(path)
         start = end
     return paths

@@ -342,3 +342,10 @@ def test_write_jsonl_batches_leaves_files_empty_when_batches_outnumber_records(t
     assert [p.read_bytes() for p in paths] == [b'{"a":1}\n', '{"b":"ü"}\n'.encode(), b""]
     with pytest.raises(ValueError):
         write_jsonl_batches([], tmp_path, "none", 0)
+
+
+def test_interleaved_batches_deal_records_round_robin(tmp_path: Path) -> None:
+    records = [{"i": i} for i in range(10)]
+    paths = write_jsonl_batches(records, tmp_path, "pods", 3, interleave=True)
+    dealt = [[json.loads(line)["i"] for line in p.read_text().splitlines()] for p in paths]
+    assert dealt == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
