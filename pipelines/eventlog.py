@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.types import (
@@ -73,10 +74,10 @@ def new_run_id() -> str:
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
 
 
-def append_events(store: TableStore, rows: list[Mapping[str, object]]) -> None:
+def append_events(store: TableStore, rows: list[Mapping[str, Any]]) -> None:
     store.ensure(PIPELINE_EVENTS)
     table = pa.Table.from_pylist(
-        [{**r, "metrics": list((r.get("metrics") or {}).items())} for r in rows],  # type: ignore[union-attr]
+        [{**r, "metrics": list((r.get("metrics") or {}).items())} for r in rows],
         schema=PIPELINE_EVENTS.arrow_schema,
     )
     store.append(PIPELINE_EVENTS, table)

@@ -34,7 +34,7 @@ from pipelines.errors import InputError, SettingsError
 from pipelines.eventlog import RunRecord
 from pipelines.runner import Context, app_id, append_once, pending, run_job
 from pipelines.sinks import clickhouse
-from pipelines.sources.files import landing_table, read_records
+from pipelines.sources.files import FileBatch, landing_table, read_records
 from pipelines.storage import AppTxn, TableSpec
 from pipelines.tables import (
     BRONZE_EVENTS,
@@ -89,7 +89,7 @@ def ingest_files(ctx: Context, kind: str, paths: Sequence[Path]) -> RunRecord:
         for spec in (target, BRONZE_QUARANTINE):
             ctx.store.ensure(spec)
         now = datetime.now(UTC)
-        files = []
+        files: list[tuple[FileBatch, AppTxn]] = []
         for path in paths:
             content = Path(path).read_bytes() if Path(path).is_file() else None
             if content is None:

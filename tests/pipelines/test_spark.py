@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from pipelines.errors import EngineUnavailableError, JavaNotFoundError
+from pipelines.settings import load_settings
+from pipelines.spark import check_java, spark_confs
+
+
+def test_missing_java_says_what_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(JavaNotFoundError, match="install a JDK/JRE 17"):
+        check_java()
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk"))
+    with pytest.raises(JavaNotFoundError, match=r"JAVA_HOME=.*jdk has no bin/java"):
+        check_java()
+
+
+def test_local_session_defaults(spark: SparkSession) -> None:
+    conf = spark.sparkContext.getConf()
+    assert conf.get("spark.ui.enabled") == "false"
+    assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
+    assert spark.conf.get("spark.sql.execution.arrow.pyspark.enabled") == "true"
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "2"
+
+
+def test_delta_extension_only_for_the_delta_spark_engine(tmp_path: Path) -> None:
+    rs = spark_confs(load_settings(lake_root=str(tmp_path)))
+    assert "spark.sql.extensions" not in rs
+    ds = spark_confs(load_settings(lake_root=str(tmp_path), delta_engine="delta-spark"))
+    assert ds["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
+    user = spark_confs(load_settings(lake_root=str(tmp_path), spark={"conf": {"spark.sql.shuffle.partitions": "9"}}))
+    assert user["spark.sql.shuffle.partitions"] == "9"
+
+
+def test_delta_jars_that_do_not_exist_are_named(tmp_path: Path) -> None:
+    settings = load_settings(lake_root=str(tmp_path), delta_engine="delta-spark", delta_jars=["/nope/delta.jar"])
+    with pytest.raises(EngineUnavailableError, match="/nope/delta.jar"):
+        spark_confs(settings)
+
+
+def test_delta_spark_engine_without_jars_is_a_clear_error(spark: SparkSession, tmp_path: Path) -> None:
+    from pipelines.spark import has_delta_classes
+
+    if has_delta_classes(spark):
+        pytest.skip("Delta classes are on this classpath")
+    from pipelines.storage.deltaspark import DeltaSparkStore
+
+    with pytest.raises(EngineUnavailableError, match="MEDALLION_DELTA_JARS"):
+        DeltaSparkStore(spark, str(tmp_path))
