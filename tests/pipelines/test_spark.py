@@ -39,7 +39,7 @@ def test_delta_extension_only_for_the_delta_spark_engine(tmp_path: Path) -> None
 
 def test_delta_jars_that_do_not_exist_are_named(tmp_path: Path) -> None:
     settings = load_settings(lake_root=str(tmp_path), delta_engine="delta-spark", delta_jars=["/nope/delta.jar"])
-    with pytest.raises(EngineUnavailableError, match="/nope/delta.jar"):
+    with pytest.raises(EngineUnavailableError, match=r"/nope/delta\.jar"):
         spark_confs(settings)
 
 
