@@ -14,6 +14,7 @@ from pipelines.storage.base import (
     TableSpec,
     TableStats,
     TableStore,
+    TxnSnapshot,
 )
 
 
@@ -37,5 +38,6 @@ __all__ = [
     "TableSpec",
     "TableStats",
     "TableStore",
+    "TxnSnapshot",
     "open_store",
 ]

@@ -22,6 +22,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
+from pipelines.errors import StorageError
+
 CDF_PROPERTY = "delta.enableChangeDataFeed"
 CHANGE_TYPE = "_change_type"
 COMMIT_VERSION = "_commit_version"
@@ -67,6 +69,14 @@ class AppTxn:
 
 
 @dataclass(frozen=True)
+class TxnSnapshot:
+    """App-transaction versions as of one table version (the read version of a later write)."""
+
+    table_version: int
+    versions: Mapping[str, int | None]
+
+
+@dataclass(frozen=True)
 class TableStats:
     key: str
     version: int | None
@@ -80,6 +90,8 @@ class TableStore(ABC):
     """Operations on the lake's Delta tables. Engines differ only in how they do them."""
 
     engine: str = ""
+    #: How many app transactions one commit can record (None: any number).
+    max_txns_per_commit: int | None = None
 
     def __init__(self, spark: SparkSession, lake_root: str, storage_options: Mapping[str, str] | None = None):
         self.spark = spark
@@ -99,8 +111,15 @@ class TableStore(ABC):
 
     # -- writes ----------------------------------------------------------------------------
     @abstractmethod
-    def append(self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = ()) -> int:
-        """Append rows and record ``txns`` in the same commit; return the new table version."""
+    def append(
+        self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = (), read_version: int | None = None
+    ) -> int:
+        """Append rows and record ``txns`` in the same commit; return the new table version.
+
+        With ``read_version`` the commit is checked against everything committed after that
+        version: if another writer recorded one of the same app ids since, it fails with
+        :class:`CommitConflictError`, so a check made at ``read_version`` still holds at commit.
+        """
 
     @abstractmethod
     def merge(
@@ -146,6 +165,13 @@ class TableStore(ABC):
     @abstractmethod
     def txn_version(self, spec: TableSpec, app_id: str) -> int | None:
         """The version last recorded by ``app_id`` on this table, or None."""
+
+    def txn_snapshot(self, spec: TableSpec, app_ids: Sequence[str]) -> TxnSnapshot:
+        """The versions of ``app_ids`` read from one table version (see ``append(read_version=)``)."""
+        version = self.version(spec)
+        if version is None:
+            raise StorageError(f"table {spec.key} does not exist")
+        return TxnSnapshot(version, {a: self.txn_version(spec, a) for a in app_ids})
 
     @abstractmethod
     def stats(self, spec: TableSpec) -> TableStats: ...

@@ -22,6 +22,7 @@ from pipelines.storage.base import (
     TableSpec,
     TableStats,
     TableStore,
+    TxnSnapshot,
     arrow_for_spark,
     conform,
 )
@@ -71,11 +72,17 @@ class DeltaRsStore(TableStore):
             raise
         return True
 
-    def append(self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = ()) -> int:
+    def append(
+        self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = (), read_version: int | None = None
+    ) -> int:
         table = self.to_arrow(spec, data)
+        target: str | DeltaTable = self.path(spec)
+        if read_version is not None:
+            # Writing through a snapshot makes delta-rs check later commits for the same app ids.
+            target = DeltaTable(self.path(spec), version=read_version, storage_options=self.storage_options or None)
         try:
             write_deltalake(
-                self.path(spec),
+                target,
                 table,
                 mode="append",
                 partition_by=list(spec.partition_by) or None,
@@ -169,6 +176,10 @@ class DeltaRsStore(TableStore):
         if not self.exists(spec):
             return None
         return self._table(spec).transaction_version(app_id)
+
+    def txn_snapshot(self, spec: TableSpec, app_ids: Sequence[str]) -> TxnSnapshot:
+        dt = self._table(spec)
+        return TxnSnapshot(dt.version(), {a: dt.transaction_version(a) for a in app_ids})
 
     def stats(self, spec: TableSpec) -> TableStats:
         if not self.exists(spec):

@@ -35,6 +35,7 @@ def _one_txn(txns: Sequence[AppTxn]) -> AppTxn | None:
 
 class DeltaSparkStore(TableStore):
     engine = "delta-spark"
+    max_txns_per_commit = 1
 
     def __init__(self, spark: SparkSession, lake_root: str, storage_options: Mapping[str, str] | None = None):
         super().__init__(spark, lake_root, storage_options)
@@ -108,7 +109,12 @@ class DeltaSparkStore(TableStore):
         builder.execute()
         return True
 
-    def append(self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = ()) -> int:
+    def append(
+        self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = (), read_version: int | None = None
+    ) -> int:
+        # Delta reads the app id's version inside the write's own transaction, so a concurrent
+        # commit of the same app id fails with ConcurrentTransactionException; read_version adds
+        # nothing here.
         txn = _one_txn(txns)
         writer = self._df(spec, data).write.format("delta").mode("append")
         if txn is not None:

@@ -168,3 +168,22 @@ def test_concurrent_appends_all_land(spark: SparkSession, tmp_path: Path) -> Non
     assert errors == [] or all(isinstance(e, CommitConflictError) for e in errors)
     assert store.stats(SPEC).rows == 5 * (6 - len(errors))
     assert errors == []
+
+
+def test_append_through_a_snapshot_conflicts_with_a_later_commit_of_the_same_app(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    store = DeltaRsStore(spark, str(tmp_path))
+    store.ensure(SPEC)
+    snap = store.txn_snapshot(SPEC, ["kafka/g/t/0"])
+    assert dict(snap.versions) == {"kafka/g/t/0": None}
+    store.append(SPEC, rows(spark, [("a", 1, 1, T0)]), txns=[AppTxn("kafka/g/t/0", 10)])
+    # Another app id committed since the snapshot does not conflict ...
+    store.append(SPEC, rows(spark, [("b", 1, 1, T0)]), [AppTxn("kafka/g/t/1", 5)], read_version=snap.table_version)
+    # ... the same one does: the check made at the snapshot no longer holds.
+    with pytest.raises(CommitConflictError):
+        store.append(
+            SPEC, rows(spark, [("c", 1, 1, T0)]), [AppTxn("kafka/g/t/0", 20)], read_version=snap.table_version
+        )
+    assert store.txn_version(SPEC, "kafka/g/t/0") == 10
+    assert store.stats(SPEC).rows == 2
