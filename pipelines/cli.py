@@ -73,9 +73,7 @@ def say_step(message: str) -> None:
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.option("--verbose", "-v", is_flag=True, help="Show tracebacks and the pipeline's debug log.")
 @click.option("--lake-root", metavar="PATH", help="Override MEDALLION_LAKE_ROOT.")
-@click.option(
-    "--engine", type=click.Choice(["delta-rs", "delta-spark"]), help="Override MEDALLION_DELTA_ENGINE."
-)
+@click.option("--engine", type=click.Choice(["delta-rs", "delta-spark"]), help="Override MEDALLION_DELTA_ENGINE.")
 @click.pass_context
 def cli(ctx: click.Context, verbose: bool, lake_root: str | None, engine: str | None) -> None:
     """A Delta Lake medallion pipeline on Apache Spark.
@@ -101,9 +99,7 @@ def cli(ctx: click.Context, verbose: bool, lake_root: str | None, engine: str | 
 # -- demo ---------------------------------------------------------------------------------------
 @cli.command()
 @click.option("--events", default=200_000, show_default=True, help="Synthetic product events to generate.")
-@click.option(
-    "--page-changes", default=60_000, show_default=True, help="Synthetic page changes (before duplicates)."
-)
+@click.option("--page-changes", default=60_000, show_default=True, help="Synthetic page changes (before duplicates).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.pass_obj
 def demo(state: State, events: int, page_changes: int, as_json: bool) -> None:
@@ -137,20 +133,12 @@ def print_summary(result: dict[str, Any]) -> None:
     f.add_column("value", justify="right")
     f.add_row("page changes in", f"{result['page_changes_in']:,}")
     f.add_row("page changes out (silver)", f"{result['page_changes_out']:,}")
-    f.add_row(
-        "page changes deduplicated", f"{result['page_changes_deduplicated']:,} ({result['dedup_percent']}%)"
-    )
+    f.add_row("page changes deduplicated", f"{result['page_changes_deduplicated']:,} ({result['dedup_percent']}%)")
     f.add_row("ClickHouse records per input event (two-stage)", f"{result['records_per_event_two_stage']}")
-    f.add_row(
-        "records per input event (single-stage partials)", f"{result['records_per_event_single_stage']}"
-    )
-    f.add_row(
-        "sum(count): gold / ClickHouse", f"{result['gold_count_sum']:,} / {result['clickhouse_count_sum']:,}"
-    )
+    f.add_row("records per input event (single-stage partials)", f"{result['records_per_event_single_stage']}")
+    f.add_row("sum(count): gold / ClickHouse", f"{result['gold_count_sum']:,} / {result['clickhouse_count_sum']:,}")
     console.print(f)
-    console.print(
-        f"Delta tables under [bold]{result['lake_root']}[/bold]; ClickHouse at {result['clickhouse']}"
-    )
+    console.print(f"Delta tables under [bold]{result['lake_root']}[/bold]; ClickHouse at {result['clickhouse']}")
     console.print('Query them with: medallion sql "SELECT * FROM gold_property_values LIMIT 10"')
 
 
@@ -188,9 +176,7 @@ def job_steps(job: str, buckets: list[int] | None) -> list[Callable[[Any], Any]]
 @click.argument("job", type=click.Choice(JOBS))
 @click.option("--once", is_flag=True, help="Process what is there and stop (else repeat until stopped).")
 @click.option("--interval", default=30.0, show_default=True, help="Seconds between runs without --once.")
-@click.option(
-    "--bucket", "buckets", multiple=True, metavar="K[,K...]", help="Only these buckets (repeatable)."
-)
+@click.option("--bucket", "buckets", multiple=True, metavar="K[,K...]", help="Only these buckets (repeatable).")
 @click.pass_obj
 def run(state: State, job: str, once: bool, interval: float, buckets: tuple[str, ...]) -> None:
     """Run a job incrementally: it reads only source commits it has not processed yet.
@@ -230,9 +216,7 @@ def ingest() -> None:
 
 @ingest.command("file")
 @click.option("--kind", type=click.Choice(["events", "page_changes"]), required=True)
-@click.argument(
-    "paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
-)
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.pass_obj
 def ingest_file(state: State, kind: str, paths: tuple[Path, ...]) -> None:
     """Land JSON-lines or JSON-array files; a file already landed (same content) is skipped."""
@@ -244,6 +228,73 @@ def ingest_file(state: State, kind: str, paths: tuple[Path, ...]) -> None:
         f"{record.job}: {record.status}, {record.rows_in:,} records, {record.rows_out:,} landed, "
         f"{int(record.metrics.get('quarantined', 0)):,} quarantined"
     )
+
+
+@ingest.command("kafka")
+@click.option("--once", is_flag=True, help="Consume what is there now and stop (like availableNow).")
+@click.option("--topics", metavar="T[,T...]", help="Topics to consume (default: both configured topics).")
+@click.option("--max-batch", default=10_000, show_default=True, help="Messages per flush at most.")
+@click.option("--max-wait", default=5.0, show_default=True, help="Seconds before a partial batch is flushed.")
+@click.pass_obj
+def ingest_kafka(state: State, once: bool, topics: str | None, max_batch: int, max_wait: float) -> None:
+    """Consume Kafka as one member of the consumer group and land each batch exactly once.
+
+    The offsets of each partition are recorded in the same Delta commit as its rows; on start
+    the consumer seeks to them. Without --once it runs until SIGTERM or Ctrl-C, then finishes
+    its batch. Several processes with the same group id share the partitions.
+    """
+    from pipelines import jobs
+
+    if max_batch < 1 or max_wait <= 0:
+        raise click.BadParameter("--max-batch must be >= 1 and --max-wait > 0")
+    chosen = [t.strip() for t in topics.split(",") if t.strip()] if topics else None
+    ctx = state.context()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stats = jobs.ingest_kafka(ctx, chosen, max_batch=max_batch, max_wait=max_wait, once=once, stop=stop)
+    console.print(
+        f"ingest.kafka: {stats.messages:,} messages in {stats.flushes} flush(es), {stats.landed:,} landed, "
+        f"{stats.quarantined:,} quarantined, {stats.seconds:.1f}s"
+    )
+
+
+# -- serve --------------------------------------------------------------------------------------
+@cli.group()
+def serve() -> None:
+    """Long-running receivers."""
+
+
+@serve.command("remote-write")
+@click.option("--host", default=None, help="Address to bind (default from settings: 127.0.0.1).")
+@click.option("--port", type=int, default=None, help="Port (default from settings: 9201; 0 picks a free one).")
+@click.pass_obj
+def serve_remote_write(state: State, host: str | None, port: int | None) -> None:
+    """Receive Prometheus / VictoriaMetrics remote write into bronze/samples until SIGTERM.
+
+    POST /api/v1/write (snappy, or zstd after VictoriaMetrics' probe), GET /metrics, GET /healthz.
+    A 204 means the samples are durable; they reach Delta within about a flush interval.
+    """
+    from pipelines.sources.remote_write_server import Receiver, serve
+    from pipelines.storage import open_store
+    from pipelines.tables import BRONZE_QUARANTINE, BRONZE_SAMPLES
+
+    settings = state.settings
+    rw = settings.remote_write
+    spark = state.context().spark if settings.delta_engine == "delta-spark" else None
+    store = open_store(settings, spark)
+    wal_dir = rw.wal_dir or Path(settings.lake_root) / "_wal" / f"remote_write-{rw.receiver_id}"
+    receiver = Receiver(rw, store, BRONZE_SAMPLES, BRONZE_QUARANTINE, Path(wal_dir))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    bind = host or rw.host
+
+    def ready(bound: int) -> None:
+        err_console.print(f"remote-write receiver listening on http://{bind}:{bound}/api/v1/write", soft_wrap=True)
+
+    serve(receiver, bind, rw.port if port is None else port, rw.workers, stop, ready)
+    err_console.print("remote-write receiver stopped; every acknowledged sample is in bronze/samples")
 
 
 # -- status -------------------------------------------------------------------------------------
@@ -335,9 +386,7 @@ def show_rows(df: Any, limit: int, fmt: str) -> None:
 @cli.command()
 @click.argument("query", required=False)
 @click.option("--limit", default=100, show_default=True, help="Rows to show at most.")
-@click.option(
-    "--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True
-)
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
 @click.pass_obj
 def sql(state: State, query: str | None, limit: int, fmt: str) -> None:
     """Run Spark SQL over the lake; every table is a view (bronze_events, gold_property_values, ...).

@@ -45,9 +45,7 @@ PIPELINE_EVENTS_SCHEMA = StructType(
         StructField("error", StringType()),
     ]
 )
-PIPELINE_EVENTS = TableSpec(
-    "_meta", "pipeline_events", PIPELINE_EVENTS_SCHEMA, description="one row per job run"
-)
+PIPELINE_EVENTS = TableSpec("_meta", "pipeline_events", PIPELINE_EVENTS_SCHEMA, description="one row per job run")
 
 
 @dataclass

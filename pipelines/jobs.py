@@ -7,9 +7,11 @@ into partial counts (stage 1), merges them (stage 2) and exports count differenc
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import threading
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -34,6 +36,7 @@ from pipelines.errors import InputError, SettingsError
 from pipelines.eventlog import RunRecord
 from pipelines.runner import Context, app_id, append_once, pending, run_job
 from pipelines.sinks import clickhouse
+from pipelines.sources import kafka
 from pipelines.sources.files import FileBatch, landing_table, read_records
 from pipelines.storage import AppTxn, TableSpec
 from pipelines.tables import (
@@ -68,9 +71,7 @@ def bucket_mapping(ctx: Context) -> BucketMapping:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         return BucketMapping.from_dict(data, cfg.count)
     except (yaml.YAMLError, ValueError, TypeError, AttributeError) as exc:
-        raise SettingsError(
-            [f"MEDALLION_BUCKETS__MAPPING_FILE: {str(path)!r} is not a valid mapping: {exc}"]
-        ) from exc
+        raise SettingsError([f"MEDALLION_BUCKETS__MAPPING_FILE: {str(path)!r} is not a valid mapping: {exc}"]) from exc
 
 
 def _in_buckets(df: DataFrame, buckets: Sequence[int] | None) -> DataFrame:
@@ -121,6 +122,87 @@ def ingest_files(ctx: Context, kind: str, paths: Sequence[Path]) -> RunRecord:
     return run_job(ctx, f"ingest_file.{kind}", body)
 
 
+def topic_kinds(ctx: Context, topics: Sequence[str] | None = None) -> dict[str, str]:
+    """Topic name -> bronze kind, for the configured topics (or the subset named)."""
+    configured = {
+        ctx.settings.kafka.topics.events: "events",
+        ctx.settings.kafka.topics.page_changes: "page_changes",
+    }
+    if not topics:
+        return configured
+    unknown = [t for t in topics if t not in configured]
+    if unknown:
+        raise InputError(
+            f"unknown topic(s) {', '.join(unknown)}: configured are {', '.join(configured)} "
+            "(MEDALLION_KAFKA__TOPICS__EVENTS / __PAGE_CHANGES)"
+        )
+    return {t: configured[t] for t in topics}
+
+
+def ingest_kafka(
+    ctx: Context,
+    topics: Sequence[str] | None = None,
+    *,
+    max_batch: int = 10_000,
+    max_wait: float = 5.0,
+    once: bool = False,
+    stop: threading.Event | None = None,
+) -> kafka.IngestStats:
+    """Consume the topics as one member of the consumer group, landing each flush exactly once."""
+    kinds = topic_kinds(ctx, topics)
+    group = ctx.settings.kafka.group_id
+    max_bytes = ctx.settings.kafka.max_message_bytes
+    for kind in set(kinds.values()):
+        ctx.store.ensure(KINDS[kind][0])
+    ctx.store.ensure(BRONZE_QUARANTINE)
+
+    def flush(by_topic: Mapping[str, list[Any]], batch_id: str) -> kafka.FlushResult:
+        result = kafka.FlushResult()
+
+        def body(record: RunRecord) -> None:
+            nonlocal result
+            result = kafka.FlushResult()
+            now = datetime.now(UTC)
+            for topic, messages in by_topic.items():
+                target, parser, columns = KINDS[kinds[topic]]
+                landing = kafka.landing_rows(messages, batch_id, now)
+                parsed = ctx.spark.createDataFrame(landing).transform(parser(max_bytes)).persist()
+                good = valid(parsed, columns).toArrow()
+                bad = quarantined(parsed, kinds[topic]).toArrow()
+                parsed.unpersist()
+                last = kafka.last_offsets(messages)
+                kafka.write_partitions_once(ctx.store, BRONZE_QUARANTINE, bad, last, group)
+                landed = kafka.write_partitions_once(ctx.store, target, good, last, group)
+                result.messages += len(messages)
+                result.landed[topic] = landed
+                result.quarantined += bad.num_rows
+                result.partitions += len(last)
+                record.add(**{f"topic.{topic}.messages": len(messages), f"topic.{topic}.landed": landed})
+            record.rows_in = result.messages
+            record.rows_out = sum(result.landed.values())
+            record.add(quarantined=result.quarantined, partitions=result.partitions)
+            record.details = batch_id
+            ctx.say(
+                f"kafka: {result.messages:,} messages from {result.partitions} partition(s) -> "
+                f"{record.rows_out:,} landed, {result.quarantined:,} quarantined"
+            )
+
+        run_job(ctx, "ingest.kafka", body)
+        return result
+
+    ingestor = kafka.KafkaIngestor(
+        ctx.settings.kafka,
+        ctx.store,
+        {topic: KINDS[kind][0] for topic, kind in kinds.items()},
+        flush,
+        max_batch=max_batch,
+        max_wait=max_wait,
+        once=once,
+        stop=stop,
+    )
+    return ingestor.run()
+
+
 # -- silver -------------------------------------------------------------------------------------
 def silver_events(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
     """New bronze events -> silver events with their team bucket."""
@@ -128,9 +210,7 @@ def silver_events(ctx: Context, buckets: Sequence[int] | None = None) -> RunReco
 
     def body(record: RunRecord) -> None:
         ctx.store.ensure(SILVER_EVENTS)
-        inc = pending(
-            ctx.store, BRONZE_EVENTS, SILVER_EVENTS, app_id("silver.events", BRONZE_EVENTS, buckets)
-        )
+        inc = pending(ctx.store, BRONZE_EVENTS, SILVER_EVENTS, app_id("silver.events", BRONZE_EVENTS, buckets))
         if inc is None:
             record.noop("no new bronze events")
             return
@@ -183,9 +263,7 @@ def gold_partials(ctx: Context, buckets: Sequence[int] | None = None) -> RunReco
 
     def body(record: RunRecord) -> None:
         ctx.store.ensure(GOLD_PARTIALS)
-        inc = pending(
-            ctx.store, SILVER_EVENTS, GOLD_PARTIALS, app_id("gold.partials", SILVER_EVENTS, buckets)
-        )
+        inc = pending(ctx.store, SILVER_EVENTS, GOLD_PARTIALS, app_id("gold.partials", SILVER_EVENTS, buckets))
         if inc is None:
             record.noop("no new silver events")
             return
@@ -211,9 +289,7 @@ def gold_merge(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
 
     def body(record: RunRecord) -> None:
         ctx.store.ensure(GOLD_PROPERTY_VALUES)
-        inc = pending(
-            ctx.store, GOLD_PARTIALS, GOLD_PROPERTY_VALUES, app_id("gold.merge", GOLD_PARTIALS, buckets)
-        )
+        inc = pending(ctx.store, GOLD_PARTIALS, GOLD_PROPERTY_VALUES, app_id("gold.merge", GOLD_PARTIALS, buckets))
         if inc is None:
             record.noop("no new partials")
             return
@@ -258,9 +334,7 @@ def export_property_values(ctx: Context) -> RunRecord:
                 rows = data.filter(pc.equal(data["source_version"], version)).drop_columns(["source_version"])
                 for i, offset in enumerate(range(0, rows.num_rows, chunk)):
                     part = rows.slice(offset, chunk)
-                    clickhouse.insert(
-                        client, clickhouse.PROPERTY_VALUES_TABLE, part, _token(version, i), database
-                    )
+                    clickhouse.insert(client, clickhouse.PROPERTY_VALUES_TABLE, part, _token(version, i), database)
                     sent += part.num_rows
         count_sum = int(pc.sum(data["count"]).as_py() or 0) if data.num_rows else 0
         summary = pa.Table.from_pylist(
@@ -296,6 +370,4 @@ def ensure_all(ctx: Context, specs: Sequence[TableSpec]) -> None:
 
 
 def describe(record: RunRecord) -> str:
-    return json.dumps(
-        {"job": record.job, "status": record.status, "in": record.rows_in, "out": record.rows_out}
-    )
+    return json.dumps({"job": record.job, "status": record.status, "in": record.rows_in, "out": record.rows_out})

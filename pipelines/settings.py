@@ -172,6 +172,23 @@ class BucketSettings(_Section):
     )
 
 
+class RemoteWriteSettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(default=9201, ge=0, le=65535)
+    receiver_id: str = Field(
+        default="default", pattern=r"^[A-Za-z0-9_.-]+$", description="names this receiver's write-ahead log"
+    )
+    wal_dir: Path | None = Field(default=None, description="write-ahead log folder (default <lake_root>/_wal)")
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, description="larger bodies get 413")
+    max_decoded_bytes: int = Field(default=128 * 1024 * 1024, ge=1024, description="decompressed size limit")
+    max_pending_bytes: int = Field(
+        default=256 * 1024 * 1024, ge=1024, description="WAL bytes not yet in Delta before 429"
+    )
+    workers: int = Field(default=8, ge=1, le=256, description="requests handled at once")
+    flush_interval: Duration = timedelta(seconds=1)
+    flush_max_rows: int = Field(default=500_000, ge=1)
+
+
 def redact_url(url: str) -> str:
     """Hide a password embedded in a URL (``scheme://user:secret@host``)."""
     return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
@@ -201,6 +218,7 @@ class Settings(BaseSettings):
     page_changes: PageChangeSettings = Field(default_factory=PageChangeSettings)
     gold: GoldSettings = Field(default_factory=GoldSettings)
     buckets: BucketSettings = Field(default_factory=BucketSettings)
+    remote_write: RemoteWriteSettings = Field(default_factory=RemoteWriteSettings)
 
     @field_validator("lake_root")
     @classmethod

@@ -93,9 +93,7 @@ def build_spark(settings: Settings) -> SparkSession:
         return spark
 
     check_java()
-    builder = SparkSession.builder.master(settings.spark.master or "local[2]").appName(
-        settings.spark.app_name
-    )
+    builder = SparkSession.builder.master(settings.spark.master or "local[2]").appName(settings.spark.app_name)
     for key, value in confs.items():
         builder = builder.config(key, value)
     try:

@@ -400,8 +400,7 @@ def generate_events(spec: EventsSpec) -> Iterator[dict[str, Any]]:
             props["$group_type_index"] = index
             props["$group_key"] = f"{group_type}:{team_id}:{group}"
             props["$group_set"] = {
-                key: _group_value(key, group_type, group, rng)
-                for key in rng.sample(_GROUP_SET_KEYS, rng.randint(1, 3))
+                key: _group_value(key, group_type, group, rng) for key in rng.sample(_GROUP_SET_KEYS, rng.randint(1, 3))
             }
         else:
             name = event_names[bisect.bisect_right(event_cum, rng.randrange(event_cum[-1]))]

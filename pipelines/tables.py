@@ -11,6 +11,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType, Tim
 from bronze.events import BRONZE_EVENTS_SCHEMA
 from bronze.landing import QUARANTINE_SCHEMA
 from bronze.page_changes import BRONZE_PAGE_CHANGES_SCHEMA
+from bronze.samples import BRONZE_SAMPLES_SCHEMA
 from gold.property_values import PARTIALS_SCHEMA, PROPERTY_VALUES_SCHEMA
 from pipelines.eventlog import PIPELINE_EVENTS
 from pipelines.storage import TableSpec
@@ -23,6 +24,12 @@ BRONZE_PAGE_CHANGES = TableSpec(
     "page_changes",
     BRONZE_PAGE_CHANGES_SCHEMA,
     description="mediawiki.page_change.v1 events as ingested",
+)
+BRONZE_SAMPLES = TableSpec(
+    "bronze",
+    "samples",
+    BRONZE_SAMPLES_SCHEMA,
+    description="Prometheus / VictoriaMetrics remote-write samples",
 )
 BRONZE_QUARANTINE = TableSpec(
     "bronze", "quarantine", QUARANTINE_SCHEMA, description="input that could not be landed, with the reason"
@@ -71,6 +78,7 @@ EXPORTS = TableSpec(
 ALL_TABLES: tuple[TableSpec, ...] = (
     BRONZE_EVENTS,
     BRONZE_PAGE_CHANGES,
+    BRONZE_SAMPLES,
     BRONZE_QUARANTINE,
     SILVER_EVENTS,
     SILVER_PAGE_CHANGES,

@@ -45,9 +45,7 @@ def read_records(path: Path, content: bytes) -> FileBatch:
         except ValueError:
             whole = None
     if isinstance(whole, list):
-        records = [
-            json.dumps(item, ensure_ascii=False, separators=(",", ":")).encode("utf-8") for item in whole
-        ]
+        records = [json.dumps(item, ensure_ascii=False, separators=(",", ":")).encode("utf-8") for item in whole]
     elif isinstance(whole, dict):
         records = [stripped.encode("utf-8", errors="surrogateescape")]
     else:

@@ -18,8 +18,11 @@ from pipelines.storage.base import (
 )
 
 
-def open_store(settings: Settings, spark: SparkSession) -> TableStore:
-    """The store for ``settings.delta_engine`` rooted at ``settings.lake_root``."""
+def open_store(settings: Settings, spark: SparkSession | None) -> TableStore:
+    """The store for ``settings.delta_engine`` rooted at ``settings.lake_root``.
+
+    ``spark`` may be None for the delta-rs engine when only Arrow goes in and out (the
+    remote-write receiver runs without a JVM)."""
     if settings.delta_engine == "delta-spark":
         from pipelines.storage.deltaspark import DeltaSparkStore
 

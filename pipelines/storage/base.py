@@ -93,10 +93,17 @@ class TableStore(ABC):
     #: How many app transactions one commit can record (None: any number).
     max_txns_per_commit: int | None = None
 
-    def __init__(self, spark: SparkSession, lake_root: str, storage_options: Mapping[str, str] | None = None):
-        self.spark = spark
+    def __init__(self, spark: SparkSession | None, lake_root: str, storage_options: Mapping[str, str] | None = None):
+        self._spark = spark
         self.lake_root = lake_root.rstrip("/")
         self.storage_options = dict(storage_options or {})
+
+    @property
+    def spark(self) -> SparkSession:
+        """The session reads return DataFrames on (a store made without one can only write Arrow)."""
+        if self._spark is None:
+            raise StorageError("this storage operation needs a SparkSession; the store was opened without one")
+        return self._spark
 
     def path(self, spec: TableSpec) -> str:
         return f"{self.lake_root}/{spec.layer}/{spec.name}"
@@ -111,9 +118,7 @@ class TableStore(ABC):
 
     # -- writes ----------------------------------------------------------------------------
     @abstractmethod
-    def append(
-        self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = (), read_version: int | None = None
-    ) -> int:
+    def append(self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = (), read_version: int | None = None) -> int:
         """Append rows and record ``txns`` in the same commit; return the new table version.
 
         With ``read_version`` the commit is checked against everything committed after that

@@ -72,9 +72,7 @@ class DeltaRsStore(TableStore):
             raise
         return True
 
-    def append(
-        self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = (), read_version: int | None = None
-    ) -> int:
+    def append(self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = (), read_version: int | None = None) -> int:
         table = self.to_arrow(spec, data)
         target: str | DeltaTable = self.path(spec)
         if read_version is not None:
@@ -110,13 +108,9 @@ class DeltaRsStore(TableStore):
             target_alias="t",
             commit_properties=_commit_properties(txns, "merge"),
         )
+        merger = merger.when_matched_update_all() if update is None else merger.when_matched_update(dict(update))
         merger = (
-            merger.when_matched_update_all() if update is None else merger.when_matched_update(dict(update))
-        )
-        merger = (
-            merger.when_not_matched_insert_all()
-            if insert is None
-            else merger.when_not_matched_insert(dict(insert))
+            merger.when_not_matched_insert_all() if insert is None else merger.when_not_matched_insert(dict(insert))
         )
         try:
             merger.execute()
@@ -146,9 +140,7 @@ class DeltaRsStore(TableStore):
 
     def read_changes(self, spec: TableSpec, start_version: int, end_version: int | None = None) -> DataFrame:
         dt = self._table(spec)
-        table = arrow_for_spark(
-            pa.table(dt.load_cdf(starting_version=start_version, ending_version=end_version))
-        )
+        table = arrow_for_spark(pa.table(dt.load_cdf(starting_version=start_version, ending_version=end_version)))
         data = conform(table, spec.arrow_schema)
         for name in ("_change_type", "_commit_version", "_commit_timestamp"):
             data = data.append_column(table.schema.field(name), table.column(name))

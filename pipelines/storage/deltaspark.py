@@ -37,7 +37,9 @@ class DeltaSparkStore(TableStore):
     engine = "delta-spark"
     max_txns_per_commit = 1
 
-    def __init__(self, spark: SparkSession, lake_root: str, storage_options: Mapping[str, str] | None = None):
+    def __init__(self, spark: SparkSession | None, lake_root: str, storage_options: Mapping[str, str] | None = None):
+        if spark is None:
+            raise EngineUnavailableError("the delta-spark engine needs a SparkSession")
         super().__init__(spark, lake_root, storage_options)
         if not has_delta_classes(spark):
             raise EngineUnavailableError(
@@ -97,9 +99,7 @@ class DeltaSparkStore(TableStore):
     def ensure(self, spec: TableSpec) -> bool:
         if self.exists(spec):
             return False
-        builder = (
-            self._DeltaTable.createIfNotExists(self.spark).location(self.path(spec)).addColumns(spec.schema)
-        )
+        builder = self._DeltaTable.createIfNotExists(self.spark).location(self.path(spec)).addColumns(spec.schema)
         if spec.partition_by:
             builder = builder.partitionedBy(*spec.partition_by)
         for key, value in spec.table_properties().items():
@@ -109,9 +109,7 @@ class DeltaSparkStore(TableStore):
         builder.execute()
         return True
 
-    def append(
-        self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = (), read_version: int | None = None
-    ) -> int:
+    def append(self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = (), read_version: int | None = None) -> int:
         # Delta reads the app id's version inside the write's own transaction, so a concurrent
         # commit of the same app id fails with ConcurrentTransactionException; read_version adds
         # nothing here.
@@ -134,13 +132,9 @@ class DeltaSparkStore(TableStore):
     ) -> int:
         src = source if isinstance(source, DataFrame) else self.to_spark(source)
         builder = self._table(spec).alias("t").merge(src.alias("s"), on)
+        builder = builder.whenMatchedUpdateAll() if update is None else builder.whenMatchedUpdate(set=dict(update))
         builder = (
-            builder.whenMatchedUpdateAll() if update is None else builder.whenMatchedUpdate(set=dict(update))
-        )
-        builder = (
-            builder.whenNotMatchedInsertAll()
-            if insert is None
-            else builder.whenNotMatchedInsert(values=dict(insert))
+            builder.whenNotMatchedInsertAll() if insert is None else builder.whenNotMatchedInsert(values=dict(insert))
         )
         with self._txn_confs(_one_txn(txns)), self._conflicts(f"merge into {spec.key}"):
             builder.execute()
@@ -157,9 +151,7 @@ class DeltaSparkStore(TableStore):
 
     def read_changes(self, spec: TableSpec, start_version: int, end_version: int | None = None) -> DataFrame:
         reader = (
-            self.spark.read.format("delta")
-            .option("readChangeFeed", "true")
-            .option("startingVersion", start_version)
+            self.spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", start_version)
         )
         if end_version is not None:
             reader = reader.option("endingVersion", end_version)
@@ -183,9 +175,7 @@ class DeltaSparkStore(TableStore):
         # the Python API does not expose them, so ask the JVM DeltaLog for the current snapshot.
         jvm = self.spark.sparkContext._jvm
         assert jvm is not None
-        delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(
-            self.spark._jsparkSession, self.path(spec)
-        )
+        delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self.spark._jsparkSession, self.path(spec))
         snapshot = delta_log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
         found = snapshot.transactions().get(app_id)
         return int(found.get()) if found.isDefined() else None

@@ -1,0 +1,407 @@
+"""``medallion serve remote-write``: a Prometheus / VictoriaMetrics remote-write receiver.
+
+- ``POST /api/v1/write`` (and ``/api/v1/import``): remote write 1.0, snappy-compressed protobuf
+  ``WriteRequest``; VictoriaMetrics' zstd variant after its ``?get_vm_proto_version=1`` probe.
+- Answers 204 only once the samples are durable in the write-ahead log (flushed to
+  ``bronze/samples`` in batches); 400 for undecodable bodies (kept in ``bronze/quarantine``), 411
+  without a length, 413 over the body limit, 415 for an unknown encoding or protocol version, 429
+  with ``Retry-After`` when the log is full, 503 while the receiver cannot write. Never a 5xx for
+  bad input.
+- ``GET /metrics`` (Prometheus text format) and ``GET /healthz``.
+
+Memory stays bounded: at most ``workers`` requests are handled at once, each body is capped by
+``max_body_bytes`` (decoded by ``max_decoded_bytes``), and what waits for Delta is on disk,
+capped by ``max_pending_bytes``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pyarrow as pa
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from bronze.samples import BRONZE_SAMPLES_SCHEMA
+from pipelines.settings import RemoteWriteSettings
+from pipelines.sources import remote_write as codec
+from pipelines.sources.wal import WalFullError, WriteAheadLog
+from pipelines.storage import AppTxn, TableSpec, TableStore
+from pipelines.storage.base import conform
+
+log = logging.getLogger("medallion.remote_write")
+
+WRITE_PATHS = ("/api/v1/write", "/api/v1/import", "/api/v1/push")
+SAMPLES_ARROW = to_arrow_schema(BRONZE_SAMPLES_SCHEMA, timezone="UTC")
+RETRY_AFTER_SECONDS = 2
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Metrics:
+    """Counters for ``/metrics``; guarded by one lock (updates are tiny)."""
+
+    requests: Counter[tuple[str, int]] = field(default_factory=Counter)
+    samples_accepted: int = 0
+    samples_rejected: int = 0
+    flushes: int = 0
+    flush_errors: int = 0
+    flush_seconds_sum: float = 0.0
+    flush_seconds_last: float = 0.0
+    rows_flushed: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def samples_table(series: list[codec.Series], source: str, batch_id: str, now: datetime) -> pa.Table:
+    """Decoded series -> one row per sample in the bronze/samples layout."""
+    names: list[str | None] = []
+    labels: list[list[tuple[str, str]]] = []
+    ids: list[int] = []
+    ts: list[int] = []
+    values: list[float] = []
+    for s in series:
+        n = len(s.values)
+        if not n:
+            continue
+        label_list = list(s.labels)
+        name = dict(s.labels).get("__name__")
+        sid = codec.series_id(s.labels)
+        names.extend([name] * n)
+        labels.extend([label_list] * n)
+        ids.extend([sid] * n)
+        ts.extend(t * 1000 for t in s.timestamps_ms)
+        values.extend(s.values)
+    count = len(values)
+    table = pa.table(
+        {
+            "metric_name": pa.array(names, pa.string()),
+            "labels": pa.array(labels, pa.map_(pa.string(), pa.string())),
+            "series_id": pa.array(ids, pa.int64()),
+            "timestamp": pa.array(ts, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+            "value": pa.array(values, pa.float64()),
+            "ingest_time": pa.array([now] * count, pa.timestamp("us", tz="UTC")),
+            "source": pa.array([source] * count, pa.string()),
+            "batch_id": pa.array([batch_id] * count, pa.string()),
+        }
+    )
+    return conform(table, SAMPLES_ARROW)
+
+
+class Receiver:
+    """The protocol logic, independent of the HTTP server so tests can call it directly."""
+
+    def __init__(
+        self,
+        settings: RemoteWriteSettings,
+        store: TableStore,
+        samples: TableSpec,
+        quarantine: TableSpec,
+        wal_dir: Path,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.samples_spec = samples
+        self.quarantine_spec = quarantine
+        self.app_samples = f"remote-write/{settings.receiver_id}"
+        self.app_quarantine = f"remote-write/{settings.receiver_id}/quarantine"
+        for spec in (samples, quarantine):
+            store.ensure(spec)
+        committed = max(
+            store.txn_version(samples, self.app_samples) or 0,
+            store.txn_version(quarantine, self.app_quarantine) or 0,
+        )
+        self.wal = WriteAheadLog(wal_dir, settings.max_pending_bytes, first_seq=committed + 1)
+        self.metrics = Metrics()
+        self.healthy = True
+        self.last_error: str | None = None
+        self._flush_lock = threading.Lock()
+
+    # -- requests -------------------------------------------------------------------------------
+    def handle_write(self, query: dict[str, list[str]], headers: Any, read_body: Callable[[int], bytes]) -> Response:
+        if query.get("get_vm_proto_version"):
+            return Response(200, b"1", {"Content-Type": "text/plain"})
+        version = headers.get("X-Prometheus-Remote-Write-Version", "")
+        content_type = headers.get("Content-Type", "") or ""
+        if version and not version.startswith(("0.", "1.")):
+            return Response(415, f"remote write version {version} is not supported (1.0 is)\n".encode())
+        if "proto=io.prometheus.write.v2" in content_type:
+            return Response(415, b"remote write 2.0 messages are not supported (1.0 is)\n")
+        encoding = (headers.get("Content-Encoding") or "").strip().lower()
+        if encoding not in (codec.SNAPPY, codec.ZSTD):
+            return Response(
+                415, f"unsupported Content-Encoding {encoding or '(none)'!r}: use snappy or zstd\n".encode()
+            )
+        length_header = headers.get("Content-Length")
+        if length_header is None:
+            return Response(411, b"Content-Length is required\n")
+        try:
+            length = int(length_header)
+        except ValueError:
+            return Response(400, b"bad Content-Length\n")
+        if length < 0:
+            return Response(400, b"bad Content-Length\n")
+        if length > self.settings.max_body_bytes:
+            return Response(413, f"body over {self.settings.max_body_bytes} bytes\n".encode(), {"Connection": "close"})
+        if self.wal.pending_bytes + length > self.settings.max_pending_bytes:
+            return Response(429, b"write queue is full\n", {"Retry-After": str(RETRY_AFTER_SECONDS)})
+        body = read_body(length)
+        if len(body) != length:
+            return Response(400, b"body shorter than Content-Length\n", {"Connection": "close"})
+        vm = encoding == codec.ZSTD or bool(headers.get("X-VictoriaMetrics-Remote-Write-Version"))
+        source = "victoriametrics" if vm else "prometheus"
+        now = datetime.now(UTC)
+        batch_id = f"{self.settings.receiver_id}:{hashlib.sha256(body).hexdigest()[:16]}"
+        try:
+            series = codec.decode(body, encoding, self.settings.max_decoded_bytes)
+        except codec.RemoteWriteError as exc:
+            self._quarantine(body, str(exc), source, now, batch_id)
+            return Response(exc.status, f"{exc}\n".encode())
+        table = samples_table(series, source, batch_id, now)
+        try:
+            if table.num_rows:
+                self.wal.append("samples", table)
+        except WalFullError:
+            return Response(429, b"write queue is full\n", {"Retry-After": str(RETRY_AFTER_SECONDS)})
+        except OSError as exc:
+            log.error("cannot write the write-ahead log: %s", exc)
+            return Response(503, b"cannot store samples now\n", {"Retry-After": str(RETRY_AFTER_SECONDS)})
+        with self.metrics.lock:
+            self.metrics.samples_accepted += table.num_rows
+        return Response(204)
+
+    def _quarantine(self, body: bytes, reason: str, source: str, now: datetime, batch_id: str) -> None:
+        with self.metrics.lock:
+            self.metrics.samples_rejected += 1
+        row = {
+            "kind": "remote_write",
+            "raw": body,
+            "reason": reason,
+            "expectation": None,
+            "source": source,
+            "ingest_time": now,
+            "batch_id": batch_id,
+        }
+        schema = self.quarantine_spec.arrow_schema
+        try:
+            self.wal.append("quarantine", pa.Table.from_pylist([row], schema=schema))
+        except (WalFullError, OSError) as exc:
+            log.error("could not keep a rejected body (%d bytes) in quarantine: %s", len(body), exc)
+
+    # -- flushing -------------------------------------------------------------------------------
+    def flush(self) -> int:
+        """Move waiting segments to Delta; returns rows written. Safe to call from any thread."""
+        with self._flush_lock:
+            written = 0
+            for kind, spec, app in (
+                ("samples", self.samples_spec, self.app_samples),
+                ("quarantine", self.quarantine_spec, self.app_quarantine),
+            ):
+                done = self.store.txn_version(spec, app) or 0
+                stale = [s for s in self.wal.segments(kind) if s.seq <= done]
+                if stale:  # landed before a crash, not yet deleted
+                    self.wal.remove(stale)
+                while True:
+                    with self.wal.batch(kind, self.settings.flush_max_rows) as (segments, table):
+                        if not segments or table is None:
+                            break
+                        t0 = time.perf_counter()
+                        self.store.append(spec, table, [AppTxn(app, segments[-1].seq)])
+                        self.wal.remove(segments)
+                        elapsed = time.perf_counter() - t0
+                        written += table.num_rows
+                        with self.metrics.lock:
+                            self.metrics.flushes += 1
+                            self.metrics.rows_flushed += table.num_rows
+                            self.metrics.flush_seconds_sum += elapsed
+                            self.metrics.flush_seconds_last = elapsed
+            return written
+
+    def flush_loop(self, stop: threading.Event) -> None:
+        interval = self.settings.flush_interval.total_seconds()
+        while not stop.wait(interval):
+            self._flush_guarded()
+        self._flush_guarded()
+
+    def _flush_guarded(self) -> None:
+        try:
+            self.flush()
+            self.healthy, self.last_error = True, None
+        except Exception as exc:  # keep serving; segments stay on disk and are retried
+            self.healthy, self.last_error = False, str(exc)
+            with self.metrics.lock:
+                self.metrics.flush_errors += 1
+            log.error("flush to Delta failed (will retry): %s", exc)
+
+    # -- observability --------------------------------------------------------------------------
+    def metrics_text(self) -> str:
+        m = self.metrics
+        with m.lock:
+            lines = [
+                "# HELP medallion_remote_write_requests_total Requests by path and status code.",
+                "# TYPE medallion_remote_write_requests_total counter",
+                *[
+                    f'medallion_remote_write_requests_total{{path="{p}",code="{c}"}} {n}'
+                    for (p, c), n in sorted(m.requests.items())
+                ],
+                "# HELP medallion_remote_write_samples_accepted_total Samples made durable.",
+                "# TYPE medallion_remote_write_samples_accepted_total counter",
+                f"medallion_remote_write_samples_accepted_total {m.samples_accepted}",
+                "# HELP medallion_remote_write_bodies_rejected_total Bodies that could not be decoded.",
+                "# TYPE medallion_remote_write_bodies_rejected_total counter",
+                f"medallion_remote_write_bodies_rejected_total {m.samples_rejected}",
+                "# HELP medallion_remote_write_queue_bytes Bytes in the write-ahead log not yet in Delta.",
+                "# TYPE medallion_remote_write_queue_bytes gauge",
+                f"medallion_remote_write_queue_bytes {self.wal.pending_bytes}",
+                "# HELP medallion_remote_write_queue_segments Segments not yet in Delta.",
+                "# TYPE medallion_remote_write_queue_segments gauge",
+                f"medallion_remote_write_queue_segments {len(self.wal.segments())}",
+                "# HELP medallion_remote_write_flush_seconds Time to write a batch to Delta.",
+                "# TYPE medallion_remote_write_flush_seconds summary",
+                f"medallion_remote_write_flush_seconds_sum {m.flush_seconds_sum:.6f}",
+                f"medallion_remote_write_flush_seconds_count {m.flushes}",
+                "# HELP medallion_remote_write_flush_last_seconds Time the last flush took.",
+                "# TYPE medallion_remote_write_flush_last_seconds gauge",
+                f"medallion_remote_write_flush_last_seconds {m.flush_seconds_last:.6f}",
+                "# HELP medallion_remote_write_flush_errors_total Flushes that failed and were retried.",
+                "# TYPE medallion_remote_write_flush_errors_total counter",
+                f"medallion_remote_write_flush_errors_total {m.flush_errors}",
+                "# HELP medallion_remote_write_rows_flushed_total Rows written to Delta.",
+                "# TYPE medallion_remote_write_rows_flushed_total counter",
+                f"medallion_remote_write_rows_flushed_total {m.rows_flushed}",
+            ]
+        return "\n".join(lines) + "\n"
+
+    def close(self) -> None:
+        self.wal.close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: RemoteWriteServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s " + format, self.address_string(), *args)
+
+    def _send(self, path: str, response: Response) -> None:
+        with self.server.receiver.metrics.lock:
+            self.server.receiver.metrics.requests[(path, response.status)] += 1
+        self.send_response(response.status)
+        for key, value in response.headers.items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(response.body)))
+        self.end_headers()
+        if response.body and self.command != "HEAD":
+            self.wfile.write(response.body)
+        if response.headers.get("Connection") == "close":
+            self.close_connection = True
+
+    def _route(self) -> tuple[str, dict[str, list[str]]]:
+        parts = urlsplit(self.path)
+        return parts.path.rstrip("/") or "/", parse_qs(parts.query)
+
+    def do_GET(self) -> None:
+        path, query = self._route()
+        receiver = self.server.receiver
+        if path in WRITE_PATHS and query.get("get_vm_proto_version"):
+            self._send(path, Response(200, b"1", {"Content-Type": "text/plain"}))
+        elif path == "/metrics":
+            body = receiver.metrics_text().encode()
+            self._send(path, Response(200, body, {"Content-Type": "text/plain; version=0.0.4"}))
+        elif path == "/healthz":
+            ok = receiver.healthy
+            msg = b"ok\n" if ok else f"flush failing: {receiver.last_error}\n".encode()
+            self._send(path, Response(200 if ok else 503, msg, {"Content-Type": "text/plain"}))
+        else:
+            self._send("other", Response(404, b"not found\n"))
+
+    def do_POST(self) -> None:
+        path, query = self._route()
+        if path not in WRITE_PATHS:
+            self._send("other", Response(404, b"not found\n", {"Connection": "close"}))
+            return
+        try:
+            response = self.server.receiver.handle_write(query, self.headers, self.rfile.read)
+        except Exception:  # a bug, not bad input: say so, keep serving
+            log.exception("unexpected error handling a write")
+            response = Response(500, b"internal error\n", {"Connection": "close"})
+        if response.status >= 400 and response.status != 429:
+            response.headers.setdefault("Connection", "close")
+        self._send(path, response)
+
+    do_PUT = do_POST
+
+
+class RemoteWriteServer(HTTPServer):
+    """An HTTP server with a bounded pool of workers (so memory is bounded under any load)."""
+
+    daemon_threads = True
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], receiver: Receiver, workers: int) -> None:
+        self.receiver = receiver
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="remote-write")
+        self._slots = threading.BoundedSemaphore(workers)
+        super().__init__(address, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # Blocking here keeps further connections in the listen backlog instead of in memory.
+        self._slots.acquire()
+        self._pool.submit(self._work, request, client_address)
+
+    def _work(self, request: Any, client_address: Any) -> None:
+        try:
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
+        finally:
+            self.shutdown_request(request)
+            self._slots.release()
+
+    def server_close(self) -> None:
+        super().server_close()
+        self._pool.shutdown(wait=True)
+
+
+def serve(
+    receiver: Receiver,
+    host: str,
+    port: int,
+    workers: int,
+    stop: threading.Event,
+    ready: Callable[[int], None],
+) -> None:
+    """Serve until ``stop`` is set; flush what is left before returning."""
+    server = RemoteWriteServer((host, port), receiver, workers)
+    server.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    flusher_stop = threading.Event()
+    flusher = threading.Thread(target=receiver.flush_loop, args=(flusher_stop,), name="flusher", daemon=True)
+    flusher.start()
+    http = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="http", daemon=True)
+    http.start()
+    ready(server.server_address[1])
+    try:
+        stop.wait()
+    finally:
+        server.shutdown()
+        server.server_close()
+        flusher_stop.set()
+        flusher.join(timeout=60)
+        receiver.close()

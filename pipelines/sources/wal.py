@@ -1,0 +1,139 @@
+"""A write-ahead log of Arrow segments: durable on local disk before a sender is told "done".
+
+The remote-write receiver answers 204 only once samples are durable. Writing every request to
+Delta would make each request a commit; instead each request becomes one segment file, written
+to a temporary name, fsynced, renamed and the folder fsynced. A flusher moves segments to Delta in
+batches and records the highest segment number as an app transaction in the same commit, so on
+restart segments at or below it are deleted and the rest replayed: none is lost or landed twice.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from pipelines.errors import MedallionError
+
+_SEGMENT = re.compile(r"^(\d{12})\.(\w+)\.arrow$")
+
+
+class WalFullError(MedallionError):
+    """More bytes wait for Delta than the log may hold; the sender should retry later."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    seq: int
+    kind: str  # which table the rows go to, e.g. "samples" or "quarantine"
+    path: Path
+    size: int
+
+
+class WriteAheadLog:
+    """Segments ``<seq>.<kind>.arrow`` in one folder, owned by one process (an flock guards it)."""
+
+    def __init__(self, directory: Path, max_pending_bytes: int, first_seq: int = 1) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.max_pending_bytes = max_pending_bytes
+        self._lock_file = open(self.dir / ".lock", "w")
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_file.close()
+            raise MedallionError(
+                f"the write-ahead log {self.dir} is in use by another receiver: give each receiver its own "
+                "MEDALLION_REMOTE_WRITE__RECEIVER_ID or wal_dir"
+            ) from None
+        for tmp in self.dir.glob("*.tmp"):
+            tmp.unlink()  # a write that never completed was never acknowledged
+        segments = self.segments()
+        self._seq = max([first_seq - 1, *(s.seq for s in segments)])
+        self._pending = sum(s.size for s in segments)
+        self._mutex = threading.Lock()
+
+    def close(self) -> None:
+        self._lock_file.close()
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending
+
+    def segments(self, kind: str | None = None) -> list[Segment]:
+        out = []
+        for path in self.dir.iterdir():
+            m = _SEGMENT.match(path.name)
+            if m and (kind is None or m.group(2) == kind):
+                out.append(Segment(int(m.group(1)), m.group(2), path, path.stat().st_size))
+        return sorted(out, key=lambda s: s.seq)
+
+    def append(self, kind: str, table: pa.Table) -> int:
+        """Write ``table`` as the next segment, durably; return its sequence number."""
+        sink = pa.BufferOutputStream()
+        with ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        data = sink.getvalue()
+        with self._mutex:
+            if self._pending + data.size > self.max_pending_bytes:
+                raise WalFullError(f"{self._pending:,} bytes wait for Delta (limit {self.max_pending_bytes:,})")
+            self._seq += 1
+            seq = self._seq
+            self._pending += data.size
+        final = self.dir / f"{seq:012d}.{kind}.arrow"
+        tmp = final.with_suffix(".tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data.to_pybytes())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+            self._fsync_dir()
+        except BaseException:
+            with self._mutex:
+                self._pending -= data.size
+            tmp.unlink(missing_ok=True)
+            raise
+        return seq
+
+    def _fsync_dir(self) -> None:
+        fd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def read(segment: Segment) -> pa.Table:
+        with ipc.open_stream(pa.memory_map(str(segment.path))) as reader:
+            return reader.read_all()
+
+    def remove(self, segments: list[Segment]) -> None:
+        for s in segments:
+            s.path.unlink(missing_ok=True)
+        with self._mutex:
+            self._pending = max(0, self._pending - sum(s.size for s in segments))
+        self._fsync_dir()
+
+    @contextmanager
+    def batch(self, kind: str, max_rows: int) -> Iterator[tuple[list[Segment], pa.Table | None]]:
+        """The oldest segments of ``kind`` up to about ``max_rows`` rows, concatenated."""
+        chosen: list[Segment] = []
+        tables: list[pa.Table] = []
+        rows = 0
+        for seg in self.segments(kind):
+            table = self.read(seg)
+            if chosen and rows + table.num_rows > max_rows:
+                break
+            chosen.append(seg)
+            tables.append(table)
+            rows += table.num_rows
+        yield chosen, (pa.concat_tables(tables) if tables else None)
