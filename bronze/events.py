@@ -44,16 +44,35 @@ BRONZE_EVENTS_SCHEMA = StructType([*EVENT_FIELDS, StructField(RAW, StringType())
 BRONZE_EVENTS_COLUMNS = [f.name for f in BRONZE_EVENTS_SCHEMA.fields]
 
 
-def _object_text(parsed: Column, field: str) -> tuple[Column, Column]:
-    """(JSON text of an object field given as object or as JSON string, 'is bad' flag)."""
-    as_json = F.to_json(F.try_variant_get(parsed, f"$.{field}", "variant"))
-    as_string = F.try_variant_get(parsed, f"$.{field}", "string")
-    inner = F.to_json(F.try_parse_json(as_string))
-    text = F.when(as_json.startswith("{"), as_json).when(
-        as_json.startswith('"') & inner.startswith("{"), inner
-    )
-    present = json_type(parsed, f"$.{field}").isNotNull() & (json_type(parsed, f"$.{field}") != "VOID")
+def _object_text(prefix: str) -> tuple[Column, Column]:
+    """(JSON text of an object field given as object or as JSON string, 'is bad' flag), from the
+    staged ``<prefix>_json`` / ``<prefix>_str`` / ``<prefix>_type`` columns."""
+    as_json, as_string, kind = F.col(f"{prefix}_json"), F.col(f"{prefix}_str"), F.col(f"{prefix}_type")
+    inner = F.to_json(F.try_parse_json(F.when(as_json.startswith('"'), as_string)))
+    text = F.when(as_json.startswith("{"), as_json).when(inner.startswith("{"), inner)
+    present = kind.isNotNull() & (kind != "VOID")
     return text, present & text.isNull()
+
+
+def _staged(v: Column) -> list[Column]:
+    """Every value the checks and the output need, each computed once.
+
+    Spark keeps a projection apart when inlining it would repeat a non-trivial expression, so
+    staging here stops the variant lookups from being evaluated once per check.
+    """
+    cols = [
+        json_type(v, f"$.{name}").alias(f"_t_{name}")
+        for name in ("uuid", "event", "team_id", "distinct_id", "timestamp")
+    ]
+    cols += [F.try_variant_get(v, f"$.{name}", "string").alias(f"_s_{name}") for name in REQUIRED_STRINGS]
+    cols.append(F.try_variant_get(v, "$.team_id", "bigint").alias("_team_id"))
+    for field in ("properties", "person_properties"):
+        cols += [
+            F.to_json(F.try_variant_get(v, f"$.{field}", "variant")).alias(f"_{field}_json"),
+            F.try_variant_get(v, f"$.{field}", "string").alias(f"_{field}_str"),
+            json_type(v, f"$.{field}").alias(f"_{field}_type"),
+        ]
+    return cols
 
 
 def parse_events(max_bytes: int) -> Callable[[DataFrame], DataFrame]:
@@ -61,32 +80,33 @@ def parse_events(max_bytes: int) -> Callable[[DataFrame], DataFrame]:
 
     def transform(df: DataFrame) -> DataFrame:
         df = df.transform(with_parsed_json())
-        v = F.col(PARSED)
-        properties, bad_properties = _object_text(v, "properties")
-        person, bad_person = _object_text(v, "person_properties")
-        ts_text = F.try_variant_get(v, "$.timestamp", "string")
+        staged = df.select("*", *_staged(F.col(PARSED)))
+        properties, bad_properties = _object_text("_properties")
+        person, bad_person = _object_text("_person_properties")
+        timestamp = F.try_to_timestamp(F.col("_s_timestamp"))
         checks = envelope_checks(max_bytes)
         for name in ("uuid", "event", "team_id", "distinct_id", "timestamp"):
-            t = json_type(v, f"$.{name}")
+            t = F.col(f"_t_{name}")
             checks.append((t.isNull() | (t == "VOID"), f"missing required field {name!r}"))
         for name in REQUIRED_STRINGS:
-            checks.append((json_type(v, f"$.{name}") != "STRING", f"field {name!r} is not a string"))
+            checks.append((F.col(f"_t_{name}") != "STRING", f"field {name!r} is not a string"))
+        uuid = F.col("_s_uuid")
         checks += [
-            (~json_type(v, "$.team_id").isin(*INTEGER_TYPES), "field 'team_id' is not an integer"),
-            (F.length(F.try_variant_get(v, "$.uuid", "string")) == 0, "field 'uuid' is empty"),
-            (~F.try_variant_get(v, "$.uuid", "string").rlike(UUID_PATTERN), "field 'uuid' is not a UUID"),
-            (F.length(F.try_variant_get(v, "$.event", "string")) == 0, "field 'event' is empty"),
-            (F.try_to_timestamp(ts_text).isNull(), "field 'timestamp' is not an ISO-8601 time"),
+            (~F.col("_t_team_id").isin(*INTEGER_TYPES), "field 'team_id' is not an integer"),
+            (F.length(uuid) == 0, "field 'uuid' is empty"),
+            (~uuid.rlike(UUID_PATTERN), "field 'uuid' is not a UUID"),
+            (F.length(F.col("_s_event")) == 0, "field 'event' is empty"),
+            (timestamp.isNull(), "field 'timestamp' is not an ISO-8601 time"),
             (bad_properties, "field 'properties' is not a JSON object"),
             (bad_person, "field 'person_properties' is not a JSON object"),
         ]
-        return df.select(
+        return staged.select(
             F.col("value"),
-            F.try_variant_get(v, "$.uuid", "string").alias("uuid"),
-            F.try_variant_get(v, "$.event", "string").alias("event"),
-            F.try_variant_get(v, "$.team_id", "bigint").alias("team_id"),
-            F.try_variant_get(v, "$.distinct_id", "string").alias("distinct_id"),
-            F.try_to_timestamp(ts_text).alias("timestamp"),
+            uuid.alias("uuid"),
+            F.col("_s_event").alias("event"),
+            F.col("_team_id").alias("team_id"),
+            F.col("_s_distinct_id").alias("distinct_id"),
+            timestamp.alias("timestamp"),
             F.coalesce(properties, F.lit("{}")).alias("properties"),
             person.alias("person_properties"),
             F.col(RAW),

@@ -54,9 +54,7 @@ QUARANTINE_SCHEMA = StructType(
 
 def first_failure(checks: Sequence[tuple[Column, Column | str]]) -> Column:
     """The reason of the first check whose condition holds, else null."""
-    branches = [
-        F.when(cond, reason if isinstance(reason, Column) else F.lit(reason)) for cond, reason in checks
-    ]
+    branches = [F.when(cond, reason if isinstance(reason, Column) else F.lit(reason)) for cond, reason in checks]
     return F.coalesce(*branches) if branches else F.lit(None).cast("string")
 
 
@@ -82,9 +80,7 @@ def with_parsed_json() -> Callable[[DataFrame], DataFrame]:
     """Adds ``raw`` (the value as text) and a parsed variant column used by the checks."""
 
     def transform(df: DataFrame) -> DataFrame:
-        return df.withColumn(RAW, F.col(VALUE).cast("string")).withColumn(
-            PARSED, F.try_parse_json(F.col(RAW))
-        )
+        return df.withColumn(RAW, F.col(VALUE).cast("string")).withColumn(PARSED, F.try_parse_json(F.col(RAW)))
 
     return transform
 

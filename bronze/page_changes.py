@@ -39,9 +39,7 @@ PAGE_CHANGE_FIELDS = [
     StructField("namespace_id", IntegerType()),
     StructField("meta_id", StringType()),
 ]
-BRONZE_PAGE_CHANGES_SCHEMA = StructType(
-    [*PAGE_CHANGE_FIELDS, StructField(RAW, StringType()), *LANDING_FIELDS]
-)
+BRONZE_PAGE_CHANGES_SCHEMA = StructType([*PAGE_CHANGE_FIELDS, StructField(RAW, StringType()), *LANDING_FIELDS])
 BRONZE_PAGE_CHANGES_COLUMNS = [f.name for f in BRONZE_PAGE_CHANGES_SCHEMA.fields]
 
 _REQUIRED = {

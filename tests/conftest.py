@@ -12,15 +12,10 @@ from pyspark.sql import SparkSession
 from pipelines.settings import Settings, load_settings
 from pipelines.spark import build_spark
 
+# Real servers for integration tests: kafka_broker, node_exporter, prometheus_factory, vmagent_factory.
+pytest_plugins = ["tests.infra"]
+
 REPO = Path(__file__).resolve().parents[1]
-IN_CI = os.environ.get("MEDALLION_TEST_REQUIRE_REAL", "") == "1"
-
-
-def require_or_skip(reason: str) -> None:
-    """Skip a test whose real part is missing; in CI (MEDALLION_TEST_REQUIRE_REAL=1) fail instead."""
-    if IN_CI:
-        pytest.fail(f"required in CI: {reason}")
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import http.client
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pyarrow as pa
+from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
 from pipelines.fixtures import PAGE_CHANGE_FILES
+from pipelines.settings import RemoteWriteSettings
 from pipelines.sources.files import FileBatch, landing_table, read_records
+from pipelines.sources.remote_write_server import Receiver, serve
+from pipelines.storage.deltars import DeltaRsStore
+from pipelines.tables import BRONZE_QUARANTINE, BRONZE_SAMPLES
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -25,3 +34,57 @@ def fixture_page_change_batches() -> list[FileBatch]:
 
 def fixture_page_changes(spark: SparkSession) -> DataFrame:
     return spark.createDataFrame(landing_table(fixture_page_change_batches(), NOW))
+
+
+PROM_HEADERS = {
+    "Content-Type": "application/x-protobuf",
+    "Content-Encoding": "snappy",
+    "X-Prometheus-Remote-Write-Version": "0.1.0",
+}
+
+
+@dataclass
+class RunningReceiver:
+    receiver: Receiver
+    port: int
+    lake: Path
+
+    def post(self, body: bytes, headers: dict[str, str], path: str = "/api/v1/write") -> tuple[int, bytes, dict]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            conn.request("POST", path, body=body, headers=headers)
+            resp = conn.getresponse()
+            return resp.status, resp.read(), dict(resp.getheaders())
+        finally:
+            conn.close()
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+
+    def samples(self) -> pa.Table:
+        self.receiver.flush()
+        return DeltaTable(str(self.lake / "bronze" / "samples")).to_pyarrow_table()
+
+
+def start_receiver(lake: Path, **overrides: object) -> tuple[RunningReceiver, threading.Event, threading.Thread]:
+    cfg = RemoteWriteSettings(flush_interval=timedelta(seconds=3600), **overrides)  # type: ignore[arg-type]
+    store = DeltaRsStore(None, str(lake))
+    receiver = Receiver(cfg, store, BRONZE_SAMPLES, BRONZE_QUARANTINE, lake / "_wal")
+    stop = threading.Event()
+    bound: list[int] = []
+    ready = threading.Event()
+
+    def on_ready(port: int) -> None:
+        bound.append(port)
+        ready.set()
+
+    thread = threading.Thread(target=serve, args=(receiver, "127.0.0.1", 0, 4, stop, on_ready), daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    return RunningReceiver(receiver, bound[0], lake), stop, thread

@@ -175,7 +175,6 @@ class KafkaIngestor:
         self.member = f"medallion-{uuid.uuid4().hex[:8]}"
         self._factory = consumer_factory
         self._pending: dict[TopicPartition, list[Any]] = defaultdict(list)
-        self._end_offsets: dict[TopicPartition, int] = {}
         self._seq = 0
         self.stats = IngestStats()
 
@@ -192,16 +191,12 @@ class KafkaIngestor:
                 consumer.seek_to_beginning(tp)
             else:
                 consumer.seek(tp, position)
-        if assigned:
-            ends = consumer.end_offsets(list(assigned))
-            self._end_offsets = {(tp.topic, tp.partition): off for tp, off in ends.items()}
         log.info("%s assigned %s", self.member, sorted((tp.topic, tp.partition) for tp in assigned))
 
     def on_revoked(self, revoked: Sequence[Any]) -> None:
         # The new owner re-reads from Delta; rows not flushed yet are simply dropped here.
         for tp in revoked:
             self._pending.pop((tp.topic, tp.partition), None)
-            self._end_offsets.pop((tp.topic, tp.partition), None)
         log.info("%s revoked %s", self.member, sorted((tp.topic, tp.partition) for tp in revoked))
 
     # -- main loop ------------------------------------------------------------------------------
@@ -227,12 +222,17 @@ class KafkaIngestor:
         return sum(len(v) for v in self._pending.values())
 
     def _caught_up(self, consumer: Any) -> bool:
+        """Every assigned partition read up to its high watermark as of the last fetch.
+
+        The high watermark comes with each fetch response (the rebalance listener may not block
+        on ListOffsets, and some brokers' ListOffsets undercount; fetches do not).
+        """
         assigned = consumer.assignment()
         if not assigned:
             return False
         for tp in assigned:
-            end = self._end_offsets.get((tp.topic, tp.partition))
-            if end is None or consumer.position(tp) < end:
+            high = consumer.highwater(tp)
+            if high is None or consumer.position(tp) < high:
                 return False
         return True
 
@@ -270,7 +270,10 @@ class KafkaIngestor:
         last_activity = time.monotonic()
         try:
             while not self.stop.is_set():
-                polled = consumer.poll(timeout_ms=500, max_records=self.max_batch)
+                # A long poll while idle: kafka-python 3.0 drops a group join that completes while
+                # the caller is outside poll(), so idle loops should spend their time inside it.
+                timeout = 500 if self._pending_count() else 2000
+                polled = consumer.poll(timeout_ms=timeout, max_records=self.max_batch)
                 for tp, messages in polled.items():
                     if messages:
                         self._pending[(tp.topic, tp.partition)].extend(messages)

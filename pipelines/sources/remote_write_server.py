@@ -32,6 +32,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from bronze.samples import BRONZE_SAMPLES_SCHEMA
@@ -71,37 +72,28 @@ class Metrics:
 
 
 def samples_table(series: list[codec.Series], source: str, batch_id: str, now: datetime) -> pa.Table:
-    """Decoded series -> one row per sample in the bronze/samples layout."""
-    names: list[str | None] = []
-    labels: list[list[tuple[str, str]]] = []
-    ids: list[int] = []
-    ts: list[int] = []
-    values: list[float] = []
-    for s in series:
-        n = len(s.values)
-        if not n:
-            continue
-        label_list = list(s.labels)
-        name = dict(s.labels).get("__name__")
-        sid = codec.series_id(s.labels)
-        names.extend([name] * n)
-        labels.extend([label_list] * n)
-        ids.extend([sid] * n)
-        ts.extend(t * 1000 for t in s.timestamps_ms)
-        values.extend(s.values)
-    count = len(values)
-    table = pa.table(
+    """Decoded series -> one row per sample in the bronze/samples layout.
+
+    Per-series columns (name, labels, id) are built once per series and repeated per sample with
+    Arrow's ``take``, which copies in C++ rather than building a label map per sample in Python.
+    """
+    kept = [s for s in series if s.values]
+    per_series = pa.table(
         {
-            "metric_name": pa.array(names, pa.string()),
-            "labels": pa.array(labels, pa.map_(pa.string(), pa.string())),
-            "series_id": pa.array(ids, pa.int64()),
-            "timestamp": pa.array(ts, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-            "value": pa.array(values, pa.float64()),
-            "ingest_time": pa.array([now] * count, pa.timestamp("us", tz="UTC")),
-            "source": pa.array([source] * count, pa.string()),
-            "batch_id": pa.array([batch_id] * count, pa.string()),
+            "metric_name": pa.array([dict(s.labels).get("__name__") for s in kept], pa.string()),
+            "labels": pa.array([list(s.labels) for s in kept], pa.map_(pa.string(), pa.string())),
+            "series_id": pa.array([codec.series_id(s.labels) for s in kept], pa.int64()),
         }
     )
+    index = pa.array([i for i, s in enumerate(kept) for _ in s.values], pa.int32())
+    table = per_series.take(index)
+    count = table.num_rows
+    timestamps = pa.array([t for s in kept for t in s.timestamps_ms], pa.int64())
+    table = table.append_column("timestamp", pc.multiply(timestamps, 1000).cast(pa.timestamp("us", tz="UTC")))
+    table = table.append_column("value", pa.array([v for s in kept for v in s.values], pa.float64()))
+    table = table.append_column("ingest_time", pa.array([now] * count, pa.timestamp("us", tz="UTC")))
+    table = table.append_column("source", pa.array([source] * count, pa.string()))
+    table = table.append_column("batch_id", pa.array([batch_id] * count, pa.string()))
     return conform(table, SAMPLES_ARROW)
 
 

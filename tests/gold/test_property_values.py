@@ -34,9 +34,7 @@ DEFAULT_RULES = FanoutRules()
 
 
 def tuples(df: DataFrame, rules: FanoutRules = DEFAULT_RULES) -> DataFrame:
-    return df.transform(fan_out(rules)).select(
-        "property_type", "property_key", "property_value", "skip_reason"
-    )
+    return df.transform(fan_out(rules)).select("property_type", "property_key", "property_value", "skip_reason")
 
 
 TUPLE = "property_type string, property_key string, property_value string, skip_reason string"
@@ -171,7 +169,5 @@ def test_partials_count_per_window_and_batch_and_merge_sums_them(spark: SparkSes
     merged = parts.withColumn("created_at", F.lit(created)).transform(merge_source())
     assertDataFrameEqual(
         merged.select("property_key", "window_start", "count"),
-        spark.createDataFrame(
-            [("k", w0, 3), ("k", w1, 1)], "property_key string, window_start timestamp, count long"
-        ),
+        spark.createDataFrame([("k", w0, 3), ("k", w1, 1)], "property_key string, window_start timestamp, count long"),
     )

@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-import http.client
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipelines.settings import RemoteWriteSettings
 from pipelines.sources import remote_write as codec
-from pipelines.sources.remote_write_server import Receiver, serve
-from pipelines.storage.deltars import DeltaRsStore
-from pipelines.tables import BRONZE_QUARANTINE, BRONZE_SAMPLES
+from tests.helpers import PROM_HEADERS, RunningReceiver, start_receiver
 
 SERIES = [
     codec.Series((("__name__", "up"), ("instance", "a:9100"), ("job", "node")), [1_700_000_000_000], [1.0]),
@@ -30,70 +22,18 @@ SERIES = [
         [0.5, 0.75],
     ),
 ]
-PROM_HEADERS = {
-    "Content-Type": "application/x-protobuf",
-    "Content-Encoding": "snappy",
-    "X-Prometheus-Remote-Write-Version": "0.1.0",
-}
-
-
-@dataclass
-class Running:
-    receiver: Receiver
-    port: int
-    lake: Path
-
-    def post(self, body: bytes, headers: dict[str, str], path: str = "/api/v1/write") -> tuple[int, bytes, dict]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-        try:
-            conn.request("POST", path, body=body, headers=headers)
-            resp = conn.getresponse()
-            return resp.status, resp.read(), dict(resp.getheaders())
-        finally:
-            conn.close()
-
-    def get(self, path: str) -> tuple[int, bytes]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-        try:
-            conn.request("GET", path)
-            resp = conn.getresponse()
-            return resp.status, resp.read()
-        finally:
-            conn.close()
-
-    def samples(self) -> pa.Table:
-        self.receiver.flush()
-        return DeltaTable(str(self.lake / "bronze" / "samples")).to_pyarrow_table()
-
-
-def start(lake: Path, **overrides: object) -> tuple[Running, threading.Event, threading.Thread]:
-    cfg = RemoteWriteSettings(flush_interval=timedelta(seconds=3600), **overrides)  # type: ignore[arg-type]
-    store = DeltaRsStore(None, str(lake))
-    receiver = Receiver(cfg, store, BRONZE_SAMPLES, BRONZE_QUARANTINE, lake / "_wal")
-    stop = threading.Event()
-    bound: list[int] = []
-    ready = threading.Event()
-
-    def on_ready(port: int) -> None:
-        bound.append(port)
-        ready.set()
-
-    thread = threading.Thread(target=serve, args=(receiver, "127.0.0.1", 0, 4, stop, on_ready), daemon=True)
-    thread.start()
-    assert ready.wait(10)
-    return Running(receiver, bound[0], lake), stop, thread
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[Running]:
-    running, stop, thread = start(tmp_path / "lake")
+def server(tmp_path: Path) -> Iterator[RunningReceiver]:
+    running, stop, thread = start_receiver(tmp_path / "lake")
     yield running
     stop.set()
     thread.join(30)
     assert not thread.is_alive()
 
 
-def test_prometheus_write_is_acknowledged_and_lands_every_sample(server: Running) -> None:
+def test_prometheus_write_is_acknowledged_and_lands_every_sample(server: RunningReceiver) -> None:
     status, _, _ = server.post(codec.encode(SERIES), PROM_HEADERS)
     assert status == 204
     table = server.samples()
@@ -107,7 +47,7 @@ def test_prometheus_write_is_acknowledged_and_lands_every_sample(server: Running
     assert ids == {codec.series_id(s.labels) for s in SERIES}
 
 
-def test_victoriametrics_probe_then_zstd_is_accepted(server: Running) -> None:
+def test_victoriametrics_probe_then_zstd_is_accepted(server: RunningReceiver) -> None:
     assert server.get("/api/v1/write?get_vm_proto_version=1") == (200, b"1")
     headers = {"Content-Encoding": "zstd", "X-VictoriaMetrics-Remote-Write-Version": "1"}
     assert server.post(codec.encode(SERIES, codec.ZSTD), headers)[0] == 204
@@ -115,7 +55,7 @@ def test_victoriametrics_probe_then_zstd_is_accepted(server: Running) -> None:
     assert set(server.samples()["source"].to_pylist()) == {"victoriametrics"}
 
 
-def test_bad_requests_get_the_right_4xx_and_bodies_go_to_quarantine(server: Running) -> None:
+def test_bad_requests_get_the_right_4xx_and_bodies_go_to_quarantine(server: RunningReceiver) -> None:
     assert server.post(b"\x00garbage", PROM_HEADERS)[0] == 400
     truncated = codec.encode(SERIES)[:-3]
     assert server.post(truncated, PROM_HEADERS)[0] == 400
@@ -130,7 +70,7 @@ def test_bad_requests_get_the_right_4xx_and_bodies_go_to_quarantine(server: Runn
 
 
 def test_oversized_body_gets_413_and_a_full_queue_gets_429_with_retry_after(tmp_path: Path) -> None:
-    running, stop, thread = start(tmp_path / "lake", max_body_bytes=2048, max_pending_bytes=4096)
+    running, stop, thread = start_receiver(tmp_path / "lake", max_body_bytes=2048, max_pending_bytes=4096)
     try:
         assert running.post(b"x" * 4096, PROM_HEADERS)[0] == 413
         body = codec.encode(SERIES)
@@ -146,14 +86,14 @@ def test_oversized_body_gets_413_and_a_full_queue_gets_429_with_retry_after(tmp_
 
 def test_acknowledged_samples_survive_a_crash_before_the_flush(tmp_path: Path) -> None:
     lake = tmp_path / "lake"
-    running, stop, thread = start(lake)
+    running, stop, thread = start_receiver(lake)
     assert running.post(codec.encode(SERIES), PROM_HEADERS)[0] == 204
     # Simulate a crash: no flush, the process is gone; only the write-ahead log remains.
     running.receiver.flush = lambda: 0  # type: ignore[method-assign]
     stop.set()
     thread.join(30)
     assert not DeltaTable(str(lake / "bronze" / "samples")).to_pyarrow_table().num_rows
-    again, stop2, thread2 = start(lake)
+    again, stop2, thread2 = start_receiver(lake)
     try:
         assert again.samples().num_rows == 3
         again.receiver.flush()
@@ -163,7 +103,7 @@ def test_acknowledged_samples_survive_a_crash_before_the_flush(tmp_path: Path) -
         thread2.join(30)
 
 
-def test_metrics_and_healthz(server: Running) -> None:
+def test_metrics_and_healthz(server: RunningReceiver) -> None:
     server.post(codec.encode(SERIES), PROM_HEADERS)
     server.post(b"junk", PROM_HEADERS)
     status, text = server.get("/metrics")
@@ -181,7 +121,7 @@ def test_metrics_and_healthz(server: Running) -> None:
     body=st.binary(max_size=512),
     encoding=st.sampled_from(["snappy", "zstd", "gzip", "", "SNAPPY"]),
 )
-def test_no_body_or_encoding_gets_a_5xx(server: Running, body: bytes, encoding: str) -> None:
+def test_no_body_or_encoding_gets_a_5xx(server: RunningReceiver, body: bytes, encoding: str) -> None:
     headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": encoding}
     status, _, _ = server.post(body, headers)
     assert status in (204, 400, 413, 415)

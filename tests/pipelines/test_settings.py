@@ -53,9 +53,7 @@ def test_environment_with_nested_delimiter_and_durations(monkeypatch: pytest.Mon
 
 
 @pytest.mark.parametrize("suffix", [".yaml", ".toml"])
-def test_config_file_named_by_medallion_config(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, suffix: str
-) -> None:
+def test_config_file_named_by_medallion_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, suffix: str) -> None:
     path = tmp_path / f"medallion{suffix}"
     if suffix == ".yaml":
         path.write_text("lake_root: /srv/lake\ngold:\n  window: 1m\nbuckets:\n  count: 16\n")
@@ -88,9 +86,7 @@ def test_every_bad_field_gets_one_line_naming_its_variable(monkeypatch: pytest.M
     assert "hunter2" not in str(err.value)
 
 
-def test_missing_or_broken_config_file_is_a_settings_error(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_missing_or_broken_config_file_is_a_settings_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("MEDALLION_CONFIG", str(tmp_path / "nope.yaml"))
     with pytest.raises(SettingsError, match=r"MEDALLION_CONFIG: config file .* does not exist"):
         load_settings()
@@ -111,9 +107,7 @@ def test_secrets_are_masked(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "hunter2" not in dumped and "swordfish" not in dumped
 
 
-def run_cli(
-    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
-) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     import os
 
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("MEDALLION_")} | (env or {})
@@ -144,10 +138,6 @@ def test_cli_settings_and_help_never_show_secrets(tmp_path: Path) -> None:
     env = {"MEDALLION_CLICKHOUSE__PASSWORD": "hunter2", "MEDALLION_CLICKHOUSE__DSN": "http://u:pw123@h:8123"}
     shown = run_cli("settings", env=env, cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
-    assert (
-        "hunter2" not in shown.stdout
-        and "pw123" not in shown.stdout
-        and "http://u:***@h:8123" in shown.stdout
-    )
+    assert "hunter2" not in shown.stdout and "pw123" not in shown.stdout and "http://u:***@h:8123" in shown.stdout
     helped = run_cli("--help", env=env, cwd=tmp_path)
     assert helped.returncode == 0 and "hunter2" not in helped.stdout and "medallion" in helped.stdout

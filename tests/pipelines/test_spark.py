@@ -33,16 +33,12 @@ def test_delta_extension_only_for_the_delta_spark_engine(tmp_path: Path) -> None
     assert "spark.sql.extensions" not in rs
     ds = spark_confs(load_settings(lake_root=str(tmp_path), delta_engine="delta-spark"))
     assert ds["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
-    user = spark_confs(
-        load_settings(lake_root=str(tmp_path), spark={"conf": {"spark.sql.shuffle.partitions": "9"}})
-    )
+    user = spark_confs(load_settings(lake_root=str(tmp_path), spark={"conf": {"spark.sql.shuffle.partitions": "9"}}))
     assert user["spark.sql.shuffle.partitions"] == "9"
 
 
 def test_delta_jars_that_do_not_exist_are_named(tmp_path: Path) -> None:
-    settings = load_settings(
-        lake_root=str(tmp_path), delta_engine="delta-spark", delta_jars=["/nope/delta.jar"]
-    )
+    settings = load_settings(lake_root=str(tmp_path), delta_engine="delta-spark", delta_jars=["/nope/delta.jar"])
     with pytest.raises(EngineUnavailableError, match=r"/nope/delta\.jar"):
         spark_confs(settings)
 

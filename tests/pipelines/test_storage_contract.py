@@ -68,9 +68,7 @@ def test_append_and_read_round_trip(store: TableStore, spark: SparkSession) -> N
     assertDataFrameEqual(store.read(SPEC, where="part = 1"), rows(spark, [data[0], data[2]]))
 
 
-def test_append_accepts_arrow_and_fills_missing_nullable_columns(
-    store: TableStore, spark: SparkSession
-) -> None:
+def test_append_accepts_arrow_and_fills_missing_nullable_columns(store: TableStore, spark: SparkSession) -> None:
     store.ensure(SPEC)
     store.append(SPEC, pa.table({"k": ["x"], "part": [3]}))
     assertDataFrameEqual(store.read(SPEC), rows(spark, [("x", 3, None, None)]))
@@ -95,9 +93,7 @@ def test_several_app_transactions_in_one_commit(spark: SparkSession, tmp_path: P
     assert (store.txn_version(SPEC, "g/t/0"), store.txn_version(SPEC, "g/t/1")) == (41, 99)
 
 
-def test_merge_updates_matches_with_expressions_and_inserts_the_rest(
-    store: TableStore, spark: SparkSession
-) -> None:
+def test_merge_updates_matches_with_expressions_and_inserts_the_rest(store: TableStore, spark: SparkSession) -> None:
     store.ensure(SPEC)
     store.append(SPEC, rows(spark, [("a", 1, 10, T0), ("b", 1, 20, T0)]))
     store.merge(
@@ -109,14 +105,10 @@ def test_merge_updates_matches_with_expressions_and_inserts_the_rest(
     assertDataFrameEqual(store.read(SPEC), rows(spark, [("a", 1, 15, T0), ("b", 1, 20, T0), ("z", 2, 1, T0)]))
 
 
-def test_read_changes_returns_inserts_and_update_images_by_version(
-    store: TableStore, spark: SparkSession
-) -> None:
+def test_read_changes_returns_inserts_and_update_images_by_version(store: TableStore, spark: SparkSession) -> None:
     store.ensure(SPEC)
     v1 = store.append(SPEC, rows(spark, [("a", 1, 10, T0)]))
-    v2 = store.merge(
-        SPEC, rows(spark, [("a", 1, 5, T0), ("b", 1, 1, T0)]), on="t.k = s.k", update={"n": "t.n + s.n"}
-    )
+    v2 = store.merge(SPEC, rows(spark, [("a", 1, 5, T0), ("b", 1, 1, T0)]), on="t.k = s.k", update={"n": "t.n + s.n"})
     changes = store.read_changes(SPEC, v2).select("k", "n", "_change_type", "_commit_version")
     assertDataFrameEqual(
         changes,
@@ -128,9 +120,7 @@ def test_read_changes_returns_inserts_and_update_images_by_version(
     inserted = store.read_inserted(SPEC, v1, v2).select("k", "n", "_commit_version")
     assertDataFrameEqual(
         inserted,
-        spark.createDataFrame(
-            [("a", 10, v1), ("a", 15, v2), ("b", 1, v2)], "k string, n long, _commit_version long"
-        ),
+        spark.createDataFrame([("a", 10, v1), ("a", 15, v2), ("b", 1, v2)], "k string, n long, _commit_version long"),
     )
 
 
@@ -182,8 +172,6 @@ def test_append_through_a_snapshot_conflicts_with_a_later_commit_of_the_same_app
     store.append(SPEC, rows(spark, [("b", 1, 1, T0)]), [AppTxn("kafka/g/t/1", 5)], read_version=snap.table_version)
     # ... the same one does: the check made at the snapshot no longer holds.
     with pytest.raises(CommitConflictError):
-        store.append(
-            SPEC, rows(spark, [("c", 1, 1, T0)]), [AppTxn("kafka/g/t/0", 20)], read_version=snap.table_version
-        )
+        store.append(SPEC, rows(spark, [("c", 1, 1, T0)]), [AppTxn("kafka/g/t/0", 20)], read_version=snap.table_version)
     assert store.txn_version(SPEC, "kafka/g/t/0") == 10
     assert store.stats(SPEC).rows == 2

@@ -257,9 +257,7 @@ def test_page_activity_is_skewed_with_bursts_inside_five_minutes(
     sizes = sorted(len(times) for times in per_key.values())
     assert sizes[-1] >= 5 * statistics.median(sizes)
     close = sum(
-        later - earlier < timedelta(minutes=5)
-        for times in per_key.values()
-        for earlier, later in pairwise(times)
+        later - earlier < timedelta(minutes=5) for times in per_key.values() for earlier, later in pairwise(times)
     )
     assert close > 0.2 * (len(distinct_changes) - len(per_key))
 

@@ -22,9 +22,7 @@ def at(hms: str, day: int = 4) -> datetime:
 
 
 def bronze_fixtures(spark: SparkSession) -> DataFrame:
-    return valid(
-        fixture_page_changes(spark).transform(parse_page_changes(1_000_000)), BRONZE_PAGE_CHANGES_COLUMNS
-    )
+    return valid(fixture_page_changes(spark).transform(parse_page_changes(1_000_000)), BRONZE_PAGE_CHANGES_COLUMNS)
 
 
 # The six fixture events that stand alone in their window, in either mode.
@@ -87,9 +85,7 @@ def rows(spark: SparkSession, events: list[tuple[int, str, str]]) -> DataFrame:
 
 
 @pytest.mark.parametrize("mode", ["staggered", "tumbling"])
-def test_delete_supersedes_older_revisions_and_a_later_revision_follows_it(
-    spark: SparkSession, mode: str
-) -> None:
+def test_delete_supersedes_older_revisions_and_a_later_revision_follows_it(spark: SparkSession, mode: str) -> None:
     events = [
         (10, "10:00:01", "edit"),
         (11, "10:00:02", "edit"),

@@ -1,0 +1,168 @@
+"""Kafka -> bronze against a real Kafka-protocol broker (Tansu): exactly once, under kills and pods."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import SparkSession
+
+from pipelines import jobs, synthetic
+from pipelines.fixtures import PAGE_CHANGE_FILES
+from pipelines.runner import Context
+from pipelines.settings import load_settings
+from pipelines.storage.deltars import DeltaRsStore
+from tests.infra import KafkaBroker, unique_name
+
+pytestmark = pytest.mark.integration
+
+
+def events(n: int, seed: int = 3) -> list[bytes]:
+    spec = synthetic.EventsSpec(events=n, teams=20, seed=seed)
+    return [json.dumps(e, separators=(",", ":")).encode() for e in synthetic.generate_events(spec)]
+
+
+def table(lake: Path, key: str) -> pa.Table:
+    return DeltaTable(str(lake / key)).to_pyarrow_table()
+
+
+def settings_env(broker: KafkaBroker, lake: Path, events_topic: str, pages_topic: str, group: str) -> dict[str, str]:
+    return {
+        "MEDALLION_LAKE_ROOT": str(lake),
+        "MEDALLION_KAFKA__BOOTSTRAP_SERVERS": broker.bootstrap,
+        "MEDALLION_KAFKA__TOPICS__EVENTS": events_topic,
+        "MEDALLION_KAFKA__TOPICS__PAGE_CHANGES": pages_topic,
+        "MEDALLION_KAFKA__GROUP_ID": group,
+        "MEDALLION_KAFKA__SESSION_TIMEOUT": "6s",
+        "MEDALLION_SPARK__SHUFFLE_PARTITIONS": "2",
+        "MEDALLION_SPARK__DRIVER_MEMORY": "1g",
+    }
+
+
+def test_once_lands_valid_messages_once_and_quarantines_the_rest(
+    spark: SparkSession, kafka_broker: KafkaBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ev, pages, group = unique_name("events"), unique_name("pages"), unique_name("group")
+    kafka_broker.create_topic(ev, 3)
+    kafka_broker.create_topic(pages, 2)
+    good = events(300)
+    bad = [b"not json", b"\xff\xfe", json.dumps({"uuid": "x", "event": "e"}).encode()]
+    placed = kafka_broker.produce(ev, good + bad)
+    kafka_broker.produce(pages, [p.read_bytes() for p in PAGE_CHANGE_FILES])
+    lake = tmp_path / "lake"
+    for k, v in settings_env(kafka_broker, lake, ev, pages, group).items():
+        monkeypatch.setenv(k, v)
+    settings = load_settings()
+    ctx = Context(settings=settings, spark=spark, store=DeltaRsStore(spark, str(lake)))
+
+    stats = jobs.ingest_kafka(ctx, once=True, max_batch=100, max_wait=0.5)
+    assert (stats.messages, stats.landed, stats.quarantined) == (316, 313, 3)
+    bronze = table(lake, "bronze/events")
+    assert sorted(bronze["uuid"].to_pylist()) == sorted(json.loads(m)["uuid"] for m in good)
+    landed_at = set(zip(bronze["partition"].to_pylist(), bronze["offset"].to_pylist(), strict=True))
+    assert landed_at == set(placed[:300])
+    assert set(bronze["topic"].to_pylist()) == {ev} and bronze["kafka_timestamp"].null_count == 0
+    assert table(lake, "bronze/page_changes").num_rows == 13
+
+    quarantine = table(lake, "bronze/quarantine")
+    got = sorted(
+        zip(
+            quarantine["partition"].to_pylist(),
+            quarantine["offset"].to_pylist(),
+            quarantine["reason"].to_pylist(),
+            strict=True,
+        )
+    )
+    expected_reasons = ["not valid JSON", "not valid UTF-8", "missing required field 'team_id'"]
+    assert got == sorted((p, o, r) for (p, o), r in zip(placed[300:], expected_reasons, strict=True))
+    assert set(quarantine["raw"].to_pylist()) == set(bad)
+
+    again = jobs.ingest_kafka(ctx, once=True, max_batch=100, max_wait=0.5)
+    assert (again.messages, again.landed) == (0, 0)
+    assert table(lake, "bronze/events").num_rows == 300
+    assert table(lake, "bronze/quarantine").num_rows == 3
+
+
+def ingest_cmd(*extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "ingest",
+        "kafka",
+        "--once",
+        "--max-batch",
+        "300",
+        "--max-wait",
+        "0.5",
+        *extra,
+    ]
+
+
+def assert_exactly_once(lake: Path, produced: list[bytes]) -> None:
+    bronze = table(lake, "bronze/events")
+    keys = list(zip(bronze["partition"].to_pylist(), bronze["offset"].to_pylist(), strict=True))
+    assert len(keys) == len(set(keys)) == len(produced)
+    assert sorted(bronze["uuid"].to_pylist()) == sorted(json.loads(m)["uuid"] for m in produced)
+
+
+def test_kill_9_at_random_moments_then_restart_lands_everything_exactly_once(
+    kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    ev, group = unique_name("events"), unique_name("group")
+    kafka_broker.create_topic(ev, 4)
+    produced = events(6000, seed=11)
+    kafka_broker.produce(ev, produced)
+    lake = tmp_path / "lake"
+    env = {**os.environ, **settings_env(kafka_broker, lake, ev, unique_name("unused"), group)}
+    rng = random.Random(20261121)
+    kills = 0
+    for _ in range(4):
+        proc = subprocess.Popen(
+            ingest_cmd("--topics", ev), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        time.sleep(rng.uniform(7.0, 16.0))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            kills += 1
+        proc.wait(timeout=30)
+    assert kills >= 2
+    landed_before = table(lake, "bronze/events").num_rows if (lake / "bronze/events").exists() else 0
+    final = subprocess.run(ingest_cmd("--topics", ev), env=env, capture_output=True, text=True, timeout=300)
+    assert final.returncode == 0, final.stderr[-2000:]
+    assert landed_before < len(produced)  # the kills interrupted real work
+    assert_exactly_once(lake, produced)
+
+
+def test_two_consumers_of_one_group_at_once_land_everything_exactly_once(
+    kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    ev, group = unique_name("events"), unique_name("group")
+    kafka_broker.create_topic(ev, 4)
+    produced = events(4000, seed=5)
+    kafka_broker.produce(ev, produced)
+    lake = tmp_path / "lake"
+    env = {**os.environ, **settings_env(kafka_broker, lake, ev, unique_name("unused"), group)}
+    # The first pod creates the tables; then both run at once, rebalancing as they come and go.
+    procs = [
+        subprocess.Popen(ingest_cmd("--topics", ev), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-1500:] for o in outs]
+    assert_exactly_once(lake, produced)
+    flushes = table(lake, "_meta/pipeline_events").filter(
+        (pc.field("job") == "ingest.kafka") & (pc.field("rows_out") > 0)
+    )
+    members = {d.rsplit("-", 1)[0] for d in flushes["details"].to_pylist()}
+    assert len(members) == 2, "both pods should have landed part of the topic"
