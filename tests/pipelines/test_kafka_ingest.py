@@ -166,3 +166,32 @@ def test_two_consumers_of_one_group_at_once_land_everything_exactly_once(
     )
     members = {d.rsplit("-", 1)[0] for d in flushes["details"].to_pylist()}
     assert len(members) == 2, "both pods should have landed part of the topic"
+
+
+def test_without_once_it_runs_until_sigterm_and_finishes_its_batch(kafka_broker: KafkaBroker, tmp_path: Path) -> None:
+    ev, group = unique_name("events"), unique_name("group")
+    kafka_broker.create_topic(ev, 2)
+    first = events(500, seed=21)
+    kafka_broker.produce(ev, first)
+    lake = tmp_path / "lake"
+    env = {**os.environ, **settings_env(kafka_broker, lake, ev, unique_name("unused"), group)}
+    cmd = [sys.executable, "-m", "pipelines.cli", "ingest", "kafka", "--topics", ev, "--max-wait", "1"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not (lake / "bronze/events").exists() or table(lake, "bronze/events").num_rows < 500:
+            assert proc.poll() is None and time.monotonic() < deadline, "the consumer stopped or stalled"
+            time.sleep(1)
+        second = events(300, seed=22)
+        kafka_broker.produce(ev, second)  # arrives while it keeps running
+        while table(lake, "bronze/events").num_rows < 800:
+            assert time.monotonic() < deadline, "new messages were not picked up"
+            time.sleep(1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-1500:]
+    assert "800 landed" in out
+    assert_exactly_once(lake, first + second)

@@ -125,3 +125,41 @@ def test_no_body_or_encoding_gets_a_5xx(server: RunningReceiver, body: bytes, en
     headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": encoding}
     status, _, _ = server.post(body, headers)
     assert status in (204, 400, 413, 415)
+
+
+def test_cli_serves_until_sigterm_and_flushes_what_it_acknowledged(tmp_path: Path) -> None:
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from deltalake import DeltaTable
+
+    from tests.helpers import RunningReceiver
+
+    lake = tmp_path / "lake"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEDALLION_")}
+    env |= {"MEDALLION_LAKE_ROOT": str(lake), "MEDALLION_REMOTE_WRITE__FLUSH_INTERVAL": "1h"}
+    cmd = [sys.executable, "-m", "pipelines.cli", "serve", "remote-write", "--port", "0"]
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 60
+        port = None
+        while port is None and time.monotonic() < deadline:
+            m = re.search(r"http://127\.0\.0\.1:(\d+)/api/v1/write", proc.stderr.readline())
+            port = int(m.group(1)) if m else None
+        assert port, "the receiver did not say where it listens"
+        client = RunningReceiver(None, port, lake)  # type: ignore[arg-type]
+        assert client.post(codec.encode(SERIES), PROM_HEADERS)[0] == 204
+        assert client.get("/healthz")[0] == 200
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0
+    # The flush interval is an hour: only the shutdown flush can have put the samples in Delta.
+    assert DeltaTable(str(lake / "bronze/samples")).to_pyarrow_table().num_rows == 3
