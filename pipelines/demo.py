@@ -80,7 +80,7 @@ def run_demo(ctx: Context, size: DemoSize) -> dict[str, Any]:
         ctx.say(f"bronze: landing {len(paths)} {kind} file(s)")
         jobs.ingest_files(ctx, kind, paths)
     jobs.silver_events(ctx)
-    jobs.silver_page_changes(ctx)
+    jobs.silver_page_changes(ctx, drain=True)  # the demo is a backfill: emit every window
     jobs.gold_partials(ctx)
     jobs.gold_merge(ctx)
     jobs.export_property_values(ctx)

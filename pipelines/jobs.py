@@ -47,11 +47,19 @@ from pipelines.tables import (
     GOLD_PARTIALS,
     GOLD_PROPERTY_VALUES,
     SILVER_EVENTS,
+    SILVER_PAGE_CHANGE_STATE,
     SILVER_PAGE_CHANGES,
 )
 from silver.buckets import BucketMapping
 from silver.events import to_silver_events
-from silver.page_changes import dedup_page_changes
+from silver.page_changes import (
+    EVENT_COLUMNS,
+    KEY,
+    LAST_REV,
+    LAST_TIME,
+    SILVER_PAGE_CHANGES_COLUMNS,
+    dedup_run,
+)
 
 KINDS = {
     "events": (BRONZE_EVENTS, parse_events, BRONZE_EVENTS_COLUMNS),
@@ -225,29 +233,123 @@ def silver_events(ctx: Context, buckets: Sequence[int] | None = None) -> RunReco
     return run_job(ctx, "silver.events", body)
 
 
-def silver_page_changes(ctx: Context) -> RunRecord:
-    """New bronze page changes -> reordered, deduplicated page changes."""
+def silver_page_changes(ctx: Context, drain: bool = False) -> RunRecord:
+    """New bronze page changes -> reordered, deduplicated page changes, window by window.
+
+    State (open-window events, last emitted per key, progress) lives in one table that each run
+    replaces in one commit, together with the run's output rows (an outbox). The outbox is then
+    appended to silver/page_changes under the same run number: a crash between the two commits is
+    finished by the next run, and a crash before the first leaves everything as it was.
+    """
     cfg = ctx.settings.page_changes
+    app = app_id("silver.page_changes", BRONZE_PAGE_CHANGES)
+
+    def publish(record: RunRecord) -> int:
+        state_seq = ctx.store.txn_version(SILVER_PAGE_CHANGE_STATE, app)
+        out_seq = ctx.store.txn_version(SILVER_PAGE_CHANGES, app)
+        if state_seq is None or (out_seq is not None and out_seq >= state_seq):
+            return 0
+        outbox = ctx.store.read(SILVER_PAGE_CHANGE_STATE, where="kind = 'emit'").select(*SILVER_PAGE_CHANGES_COLUMNS)
+        rows = outbox.toArrow()
+        ctx.store.append(SILVER_PAGE_CHANGES, rows, [AppTxn(app, state_seq)])
+        return rows.num_rows
 
     def body(record: RunRecord) -> None:
-        ctx.store.ensure(SILVER_PAGE_CHANGES)
-        inc = pending(
-            ctx.store,
-            BRONZE_PAGE_CHANGES,
-            SILVER_PAGE_CHANGES,
-            app_id("silver.page_changes", BRONZE_PAGE_CHANGES),
-        )
-        if inc is None:
-            record.noop("no new bronze page changes")
+        for spec in (SILVER_PAGE_CHANGES, SILVER_PAGE_CHANGE_STATE):
+            ctx.store.ensure(spec)
+        recovered = publish(record)
+        if recovered:
+            record.add(recovered_outbox_rows=recovered)
+            ctx.say(f"silver/page_changes: published {recovered:,} rows a stopped run had left in its outbox")
+        seq = ctx.store.txn_version(SILVER_PAGE_CHANGE_STATE, app) or 0
+        state = ctx.store.read(SILVER_PAGE_CHANGE_STATE).persist()
+        progress = state.where("kind = 'progress'").select("bronze_version", "max_event_time").first()
+        done = progress["bronze_version"] if progress else None
+        max_seen = progress["max_event_time"] if progress else None
+        latest = ctx.store.version(BRONZE_PAGE_CHANGES)
+        start = 0 if done is None else done + 1
+        has_new = latest is not None and start <= latest
+        buffered = state.where("kind = 'event'").select(*EVENT_COLUMNS)
+        if not has_new and not (drain and buffered.limit(1).count()):
+            state.unpersist()
+            record.noop("no new bronze page changes" + (" and nothing buffered" if drain else ""))
             return
-        source = inc.read(ctx.store).persist()
-        n_in = source.count()
-        out = source.transform(dedup_page_changes(cfg.mode, cfg.window)).toArrow()
-        source.unpersist()
-        ctx.store.append(SILVER_PAGE_CHANGES, out, [inc.txn])
-        record.rows_in, record.rows_out = n_in, out.num_rows
-        record.add(input_events=n_in, emitted=out.num_rows, deduplicated=n_in - out.num_rows)
-        ctx.say(f"silver/page_changes: {n_in:,} in, {out.num_rows:,} out ({cfg.mode}, {cfg.window})")
+        end = latest if has_new else done
+        new = ctx.store.read_inserted(BRONZE_PAGE_CHANGES, start, end).select(*EVENT_COLUMNS) if has_new else None
+        n_in = new.count() if new is not None else 0
+        if new is not None and n_in:
+            batch_max = new.agg(F.max("event_time")).first()[0]  # type: ignore[index]
+            max_seen = batch_max if max_seen is None else max(max_seen, batch_max)
+        watermark = None if drain or max_seen is None else max_seen - cfg.allowed_lateness
+        events = buffered if new is None else buffered.unionByName(new)
+        last = state.where("kind = 'key'").select(
+            *KEY, F.col("rev_id").alias(LAST_REV), F.col("event_time").alias(LAST_TIME)
+        )
+        result = dedup_run(events, last, cfg.mode, cfg.window, watermark)
+        finalized = (
+            result.finalized.groupBy()
+            .agg(F.count(F.lit(1)).alias("n"), F.sum(F.col("_stale").cast("int")).alias("stale"))
+            .first()
+        )
+        emitted = result.emitted.toArrow()
+        new_state = (
+            result.buffered.withColumn("kind", F.lit("event"))
+            .unionByName(
+                result.last_emitted.select(
+                    F.lit("key").alias("kind"),
+                    *KEY,
+                    F.col(LAST_REV).alias("rev_id"),
+                    F.col(LAST_TIME).alias("event_time"),
+                ),
+                allowMissingColumns=True,
+            )
+            .toArrow()
+        )
+        progress_row = pa.Table.from_pylist(
+            [{"kind": "progress", "max_event_time": max_seen, "bronze_version": end}],
+            schema=SILVER_PAGE_CHANGE_STATE.arrow_schema,
+        )
+        outbox = ctx.store.to_arrow(
+            SILVER_PAGE_CHANGE_STATE, emitted.append_column("kind", pa.array(["emit"] * emitted.num_rows, pa.string()))
+        )
+        full_state = pa.concat_tables([ctx.store.to_arrow(SILVER_PAGE_CHANGE_STATE, new_state), outbox, progress_row])
+        state.unpersist()
+        ctx.store.overwrite(SILVER_PAGE_CHANGE_STATE, full_state, [AppTxn(app, seq + 1)])
+        publish(record)
+        n_final = int(finalized["n"] or 0) if finalized else 0
+        stale = int(finalized["stale"] or 0) if finalized else 0
+        buffered_events = sum(1 for k in new_state["kind"].to_pylist() if k == "event")
+        open_windows = len(
+            {
+                (w, p, t)
+                for k, w, p, t in zip(
+                    new_state["kind"].to_pylist(),
+                    new_state["wiki_id"].to_pylist(),
+                    new_state["page_id"].to_pylist(),
+                    new_state["window_start"].to_pylist(),
+                    strict=True,
+                )
+                if k == "event"
+            }
+        )
+        record.rows_in, record.rows_out = n_in, emitted.num_rows
+        record.add(
+            input_events=n_in,
+            finalized_events=n_final,
+            emitted=emitted.num_rows,
+            stale=stale,
+            deduplicated=n_final - emitted.num_rows - stale,
+            open_windows=open_windows,
+            buffered_events=buffered_events,
+            state_rows=full_state.num_rows,
+        )
+        if watermark is not None:
+            record.add(watermark_epoch_s=watermark.timestamp())
+        ctx.say(
+            f"silver/page_changes: {n_in:,} new, {n_final:,} in closed windows -> {emitted.num_rows:,} emitted, "
+            f"{stale:,} stale, {buffered_events:,} buffered in {open_windows:,} open window(s)"
+            + (" (drained)" if drain else "")
+        )
 
     return run_job(ctx, "silver.page_changes", body)
 

@@ -16,7 +16,7 @@ from gold.property_values import PARTIALS_SCHEMA, PROPERTY_VALUES_SCHEMA
 from pipelines.eventlog import PIPELINE_EVENTS
 from pipelines.storage import TableSpec
 from silver.events import SILVER_EVENTS_SCHEMA
-from silver.page_changes import SILVER_PAGE_CHANGES_SCHEMA
+from silver.page_changes import PAGE_CHANGE_STATE_SCHEMA, SILVER_PAGE_CHANGES_SCHEMA
 
 BRONZE_EVENTS = TableSpec("bronze", "events", BRONZE_EVENTS_SCHEMA, description="product events as ingested")
 BRONZE_PAGE_CHANGES = TableSpec(
@@ -42,6 +42,12 @@ SILVER_PAGE_CHANGES = TableSpec(
     "page_changes",
     SILVER_PAGE_CHANGES_SCHEMA,
     description="page changes reordered and deduplicated",
+)
+SILVER_PAGE_CHANGE_STATE = TableSpec(
+    "silver",
+    "page_change_state",
+    PAGE_CHANGE_STATE_SCHEMA,
+    description="dedup state: open-window events, last emitted per key, outbox, progress",
 )
 GOLD_PARTIALS = TableSpec(
     "gold",
@@ -82,6 +88,7 @@ ALL_TABLES: tuple[TableSpec, ...] = (
     BRONZE_QUARANTINE,
     SILVER_EVENTS,
     SILVER_PAGE_CHANGES,
+    SILVER_PAGE_CHANGE_STATE,
     GOLD_PARTIALS,
     GOLD_PROPERTY_VALUES,
     PIPELINE_EVENTS,

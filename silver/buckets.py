@@ -37,9 +37,7 @@ class BucketMapping:
         for tier, buckets in self.tiers.items():
             bad = [b for b in buckets if not 0 <= b < self.count]
             if bad or not buckets:
-                problems.append(
-                    f"tier {tier!r} reserves buckets {list(buckets)}, outside 0..{self.count - 1}"
-                )
+                problems.append(f"tier {tier!r} reserves buckets {list(buckets)}, outside 0..{self.count - 1}")
         for team, tier in self.team_tiers.items():
             if tier not in self.tiers:
                 problems.append(f"team {team} has tier {tier!r}, which reserves no buckets")

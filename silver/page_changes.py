@@ -7,19 +7,28 @@ Windows:
   folded with ``aggregate`` into the list of window openings.
 
 Merge rules, applied to the events of one window of one key:
+0. stale: an event whose ``(rev_id, event_time)`` is not greater than the last one emitted for its
+   key from an earlier window is dropped and counted;
 1. per ``rev_id`` keep only the event with the greatest event time; on a tie a delete wins;
 2. order the survivors by ``(rev_id, event_time)``;
 3. no delete among them: emit the last survivor only;
 4. otherwise let ``d`` be the last delete: emit ``d``, then the last survivor if it comes after ``d``.
 
 ``merged_count`` says how many input events an emitted row stands for; the emitted rows of a window
-sum to the window's events.
+sum to the window's non-stale events.
+
+Incremental runs (:func:`dedup_run`): events of windows the watermark has not closed stay in a
+buffer; each run re-assigns windows over buffered plus new events, emits the closed windows and
+keeps the last emitted ``(rev_id, event_time)`` per key. The last emitted position after a window
+is the greatest position among its non-stale events, so rule 0 for a window reduces to "not greater
+than the running maximum over the key's earlier windows (and the state)", a window function.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -46,6 +55,17 @@ SILVER_PAGE_CHANGES_SCHEMA = StructType(
     ]
 )
 SILVER_PAGE_CHANGES_COLUMNS = [f.name for f in SILVER_PAGE_CHANGES_SCHEMA.fields]
+
+STATE_KIND = "kind"  # event (buffered, window still open) | key (last emitted) | emit (outbox) | progress
+#: The dedup state: one table so a run replaces it in one commit (see pipelines.jobs).
+PAGE_CHANGE_STATE_SCHEMA = StructType(
+    [
+        StructField(STATE_KIND, StringType()),
+        *SILVER_PAGE_CHANGES_SCHEMA.fields,
+        StructField("max_event_time", TimestampType()),
+        StructField("bronze_version", LongType()),
+    ]
+)
 
 
 def action_of(kind: Column) -> Column:
@@ -84,8 +104,7 @@ def assign_windows(mode: str, width: timedelta) -> Callable[[DataFrame], DataFra
         ).select(*KEY, F.explode("_opens").alias("_open"))
         # Each event belongs to the latest opening at or before it (always within W of it).
         joined = df.join(opens, list(KEY)).where(
-            (F.unix_micros("event_time") >= F.col("_open"))
-            & (F.unix_micros("event_time") < F.col("_open") + w)
+            (F.unix_micros("event_time") >= F.col("_open")) & (F.unix_micros("event_time") < F.col("_open") + w)
         )
         return (
             joined.withColumn(WINDOW_START, F.timestamp_micros("_open"))
@@ -100,8 +119,58 @@ def assign_windows(mode: str, width: timedelta) -> Callable[[DataFrame], DataFra
     raise ValueError(f"unknown window mode {mode!r}: use staggered or tumbling")
 
 
+POSITION = "_pos"
+LAST_REV = "last_rev_id"
+LAST_TIME = "last_event_time"
+
+#: Last emitted position per key: the state rule 0 needs across runs.
+LAST_EMITTED_SCHEMA = StructType(
+    [
+        StructField("wiki_id", StringType()),
+        StructField("page_id", LongType()),
+        StructField(LAST_REV, LongType()),
+        StructField(LAST_TIME, TimestampType()),
+    ]
+)
+#: Input of a run: bronze page-change columns the rules use, plus what the output carries.
+EVENT_COLUMNS = ["wiki_id", "page_id", "rev_id", "event_time", "page_change_kind", "meta_id", "raw"]
+
+
+def _pos() -> Column:
+    return F.struct(F.col("rev_id").alias("r"), F.col("event_time").alias("t"))
+
+
+def mark_stale(last_emitted: DataFrame) -> Callable[[DataFrame], DataFrame]:
+    """Windowed events -> the same with ``_stale`` (rule 0): not greater than the last emitted
+    position of an earlier window of the key, from ``last_emitted`` state or this batch."""
+
+    def transform(df: DataFrame) -> DataFrame:
+        last = last_emitted.select(
+            *KEY, F.struct(F.col(LAST_REV).alias("r"), F.col(LAST_TIME).alias("t")).alias("_state_last")
+        )
+        per_window = df.groupBy(*KEY, WINDOW_START).agg(F.max(_pos()).alias("_window_max"))
+        earlier = Window.partitionBy(*KEY).orderBy(WINDOW_START).rowsBetween(Window.unboundedPreceding, -1)
+        bases = (
+            per_window.withColumn("_earlier_max", F.max("_window_max").over(earlier))
+            .join(last, list(KEY), "left")
+            .select(
+                *KEY,
+                WINDOW_START,
+                F.when(F.col("_state_last").isNull(), F.col("_earlier_max"))
+                .when(F.col("_earlier_max").isNull(), F.col("_state_last"))
+                .otherwise(F.greatest("_state_last", "_earlier_max"))
+                .alias("_base"),
+            )
+        )
+        joined = df.join(bases, [*KEY, WINDOW_START], "left")
+        stale = F.col("_base").isNotNull() & (_pos() <= F.col("_base"))
+        return joined.withColumn("_stale", F.coalesce(stale, F.lit(False))).drop("_base")
+
+    return transform
+
+
 def apply_merge_rules() -> Callable[[DataFrame], DataFrame]:
-    """Events with windows assigned -> the rows the merge rules emit, with ``merged_count``."""
+    """Non-stale events with windows assigned -> the rows rules 1-4 emit, with ``merged_count``."""
 
     def transform(df: DataFrame) -> DataFrame:
         group = [*KEY, WINDOW_START]
@@ -110,38 +179,34 @@ def apply_merge_rules() -> Callable[[DataFrame], DataFrame]:
         ranked = (
             df.withColumn("_is_delete", is_delete)
             .withColumn(
-                "_rank",
-                F.row_number().over(per_rev.orderBy(F.col("event_time").desc(), F.col("_is_delete").desc())),
+                "_rank", F.row_number().over(per_rev.orderBy(F.col("event_time").desc(), F.col("_is_delete").desc()))
             )
             .withColumn("_rev_events", F.count(F.lit(1)).over(per_rev))
         )
         survivors = ranked.where(F.col("_rank") == 1)
-        pos = F.struct(F.col("rev_id"), F.col("event_time"))
         in_window = Window.partitionBy(*group)
         marked = (
-            survivors.withColumn("_pos", pos)
-            .withColumn("_last", F.max("_pos").over(in_window))
-            .withColumn(
-                "_last_delete", F.max(F.when(F.col("_is_delete") == 1, F.col("_pos"))).over(in_window)
-            )
+            survivors.withColumn(POSITION, _pos())
+            .withColumn("_last", F.max(POSITION).over(in_window))
+            .withColumn("_last_delete", F.max(F.when(F.col("_is_delete") == 1, F.col(POSITION))).over(in_window))
             .withColumn("_total", F.sum("_rev_events").over(in_window))
             .withColumn(
                 "_upto_delete",
-                F.sum(F.when(F.col("_pos") <= F.col("_last_delete"), F.col("_rev_events")).otherwise(0)).over(
+                F.sum(F.when(F.col(POSITION) <= F.col("_last_delete"), F.col("_rev_events")).otherwise(0)).over(
                     in_window
                 ),
             )
         )
         no_delete = F.col("_last_delete").isNull()
-        is_last = F.col("_pos") == F.col("_last")
-        is_d = F.col("_pos") == F.col("_last_delete")
+        is_last = F.col(POSITION) == F.col("_last")
+        is_d = F.col(POSITION) == F.col("_last_delete")
         merged = (
             F.when(no_delete, F.col("_total"))
             .when(is_d, F.col("_upto_delete"))
             .otherwise(F.col("_total") - F.col("_upto_delete"))
         )
         emitted = marked.where(
-            (no_delete & is_last) | is_d | (~no_delete & is_last & (F.col("_pos") > F.col("_last_delete")))
+            (no_delete & is_last) | is_d | (~no_delete & is_last & (F.col(POSITION) > F.col("_last_delete")))
         )
         return (
             emitted.withColumn("action", action_of(F.col("page_change_kind")))
@@ -152,10 +217,53 @@ def apply_merge_rules() -> Callable[[DataFrame], DataFrame]:
     return transform
 
 
+@dataclass
+class DedupResult:
+    """What one run produces: rows to emit, events to keep buffered, and the new state."""
+
+    emitted: DataFrame  # silver/page_changes rows of the windows closed in this run
+    buffered: DataFrame  # events of windows still open, with their windows
+    last_emitted: DataFrame  # LAST_EMITTED_SCHEMA, for every key (old and updated)
+    finalized: DataFrame  # events of the closed windows with their ``_stale`` flag, for metrics
+
+
+def dedup_run(
+    events: DataFrame,
+    last_emitted: DataFrame,
+    mode: str,
+    width: timedelta,
+    watermark: datetime | None,
+) -> DedupResult:
+    """One incremental run over ``events`` (buffered ones plus new ones, EVENT_COLUMNS).
+
+    Windows end at or before ``watermark`` are emitted; ``None`` emits every window (drain).
+    """
+    windowed = events.select(*EVENT_COLUMNS).transform(assign_windows(mode, width))
+    closed = F.lit(True) if watermark is None else F.col(WINDOW_END) <= F.lit(watermark)
+    marked = windowed.withColumn("_closed", closed)
+    finalized = marked.where("_closed").transform(mark_stale(last_emitted))
+    emitted = finalized.where(~F.col("_stale")).transform(apply_merge_rules())
+    buffered = marked.where(~F.col("_closed")).drop("_closed")
+    updates = emitted.groupBy(*KEY).agg(F.max(_pos()).alias("_p"))
+    merged_state = (
+        last_emitted.join(updates, list(KEY), "full_outer")
+        .select(
+            *KEY,
+            F.when(F.col("_p").isNull(), F.struct(F.col(LAST_REV).alias("r"), F.col(LAST_TIME).alias("t")))
+            .when(F.col(LAST_REV).isNull(), F.col("_p"))
+            .otherwise(F.greatest(F.col("_p"), F.struct(F.col(LAST_REV).alias("r"), F.col(LAST_TIME).alias("t"))))
+            .alias("_last"),
+        )
+        .select(*KEY, F.col("_last.r").alias(LAST_REV), F.col("_last.t").alias(LAST_TIME))
+    )
+    return DedupResult(emitted, buffered, merged_state, finalized)
+
+
 def dedup_page_changes(mode: str, width: timedelta) -> Callable[[DataFrame], DataFrame]:
-    """Bronze page-change rows -> deduplicated, ordered rows per key and window."""
+    """Bronze page-change rows -> deduplicated, ordered rows per key and window (one run, drained)."""
 
     def transform(df: DataFrame) -> DataFrame:
-        return df.transform(assign_windows(mode, width)).transform(apply_merge_rules())
+        empty = df.sparkSession.createDataFrame([], LAST_EMITTED_SCHEMA)
+        return dedup_run(df, empty, mode, width, None).emitted
 
     return transform

@@ -127,6 +127,11 @@ class TableStore(ABC):
         """
 
     @abstractmethod
+    def overwrite(self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = ()) -> int:
+        """Replace every row with ``data`` in one commit that also records ``txns`` (for small
+        state tables that a job rewrites each run); return the new table version."""
+
+    @abstractmethod
     def merge(
         self,
         spec: TableSpec,

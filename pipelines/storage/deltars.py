@@ -91,6 +91,21 @@ class DeltaRsStore(TableStore):
             raise CommitConflictError(f"append to {spec.key} conflicted: {exc}") from exc
         return self._table(spec).version()
 
+    def overwrite(self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = ()) -> int:
+        table = self.to_arrow(spec, data)
+        try:
+            write_deltalake(
+                self.path(spec),
+                table,
+                mode="overwrite",
+                partition_by=list(spec.partition_by) or None,
+                storage_options=self.storage_options or None,
+                commit_properties=_commit_properties(txns, "overwrite"),
+            )
+        except CommitFailedError as exc:
+            raise CommitConflictError(f"overwrite of {spec.key} conflicted: {exc}") from exc
+        return self._table(spec).version()
+
     def merge(
         self,
         spec: TableSpec,

@@ -121,6 +121,15 @@ class DeltaSparkStore(TableStore):
             writer.save(self.path(spec))
         return self._version(spec)
 
+    def overwrite(self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = ()) -> int:
+        txn = _one_txn(txns)
+        writer = self._df(spec, data).write.format("delta").mode("overwrite")
+        if txn is not None:
+            writer = writer.option("txnAppId", txn.app_id).option("txnVersion", txn.version)
+        with self._conflicts(f"overwrite of {spec.key}"):
+            writer.save(self.path(spec))
+        return self._version(spec)
+
     def merge(
         self,
         spec: TableSpec,

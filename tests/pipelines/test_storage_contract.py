@@ -175,3 +175,11 @@ def test_append_through_a_snapshot_conflicts_with_a_later_commit_of_the_same_app
         store.append(SPEC, rows(spark, [("c", 1, 1, T0)]), [AppTxn("kafka/g/t/0", 20)], read_version=snap.table_version)
     assert store.txn_version(SPEC, "kafka/g/t/0") == 10
     assert store.stats(SPEC).rows == 2
+
+
+def test_overwrite_replaces_every_row_and_records_the_txn(store: TableStore, spark: SparkSession) -> None:
+    store.ensure(SPEC)
+    store.append(SPEC, rows(spark, [("a", 1, 1, T0), ("b", 2, 2, T0)]))
+    store.overwrite(SPEC, rows(spark, [("z", 3, 9, T0)]), txns=[AppTxn("state", 4)])
+    assertDataFrameEqual(store.read(SPEC), rows(spark, [("z", 3, 9, T0)]))
+    assert store.txn_version(SPEC, "state") == 4
