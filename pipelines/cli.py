@@ -259,6 +259,76 @@ def ingest_kafka(state: State, once: bool, topics: str | None, max_batch: int, m
     )
 
 
+# -- analyze ------------------------------------------------------------------------------------
+@cli.group()
+def analyze() -> None:
+    """Analyses over the lake's data."""
+
+
+def _parse_minutes(text: str) -> list[float]:
+    try:
+        values = sorted({float(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a comma-separated list of minutes", param_hint="--windows") from None
+    if not values or any(v <= 0 for v in values):
+        raise click.BadParameter("window lengths must be positive minutes", param_hint="--windows")
+    return values
+
+
+@analyze.command("dedup")
+@click.option("--windows", default="1,3,5,10,15", show_default=True, help="Window lengths in minutes.")
+@click.option("--from-table", "table_key", default="bronze/page_changes", show_default=True, help="Table to read.")
+@click.option(
+    "--file",
+    "files",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Read page changes from JSON-lines / JSON-array files instead (repeatable).",
+)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), help="Folder for CSV and PNG.")
+@click.pass_obj
+def analyze_dedup(state: State, windows: str, table_key: str, files: tuple[Path, ...], out_dir: Path | None) -> None:
+    """How much page-change dedup prunes per window length, tumbling vs staggered.
+
+    Runs the production dedup over the same events for every window length and both modes, and
+    prints input events, events pruned and % pruned side by side; writes dedup.csv and dedup.png.
+    """
+    from pipelines import analyze as an
+    from pipelines.tables import table as table_spec
+
+    minutes = _parse_minutes(windows)
+    ctx = state.context()
+    if files:
+        events, rejected = an.page_changes_from_files(ctx.spark, list(files), ctx.settings.kafka.max_message_bytes)
+        source = f"{len(files)} file(s)" + (f", {rejected} invalid record(s) left out" if rejected else "")
+    else:
+        spec = table_spec(table_key)
+        if ctx.store.version(spec) is None:
+            raise click.UsageError(f"table {table_key} does not exist yet under {ctx.settings.lake_root}")
+        events, source = ctx.store.read(spec), table_key
+    say_step(f"analysing dedup over {source} for windows {', '.join(f'{m:g}' for m in minutes)} min")
+    figures = an.dedup_figures(events, minutes)
+    t = Table(title=f"Page-change dedup by window length ({source})", title_justify="left")
+    for col in ("window (min)", "input events", "tumbling pruned", "tumbling %", "staggered pruned", "staggered %"):
+        t.add_column(col, justify="right")
+    for m in minutes:
+        tum = next(f for f in figures if f.window_minutes == m and f.mode == "tumbling")
+        stg = next(f for f in figures if f.window_minutes == m and f.mode == "staggered")
+        t.add_row(
+            f"{m:g}",
+            f"{tum.input_events:,}",
+            f"{tum.pruned:,}",
+            f"{tum.pruned_percent:.2f}",
+            f"{stg.pruned:,}",
+            f"{stg.pruned_percent:.2f}",
+        )
+    console.print(t)
+    out = out_dir or Path(ctx.settings.lake_root) / "_reports" / "dedup"
+    csv_path = an.write_csv(figures, out / "dedup.csv")
+    png_path = an.write_chart(figures, out / "dedup.png", f"Page-change dedup: % pruned ({source})")
+    console.print(f"wrote {csv_path} and {png_path}")
+
+
 # -- serve --------------------------------------------------------------------------------------
 @cli.group()
 def serve() -> None:
