@@ -156,12 +156,12 @@ def _parse_buckets(values: Sequence[str]) -> list[int] | None:
     return sorted(set(out)) or None
 
 
-def job_steps(job: str, buckets: list[int] | None) -> list[Callable[[Any], Any]]:
+def job_steps(job: str, buckets: list[int] | None, drain: bool = False) -> list[Callable[[Any], Any]]:
     from pipelines import jobs
 
     steps: dict[str, list[Callable[[Any], Any]]] = {
         "silver-events": [lambda c: jobs.silver_events(c, buckets)],
-        "silver-page-changes": [jobs.silver_page_changes],
+        "silver-page-changes": [lambda c: jobs.silver_page_changes(c, drain=drain)],
         "gold-partials": [lambda c: jobs.gold_partials(c, buckets)],
         "gold-merge": [lambda c: jobs.gold_merge(c, buckets)],
         "export": [jobs.export_property_values],
@@ -177,8 +177,9 @@ def job_steps(job: str, buckets: list[int] | None) -> list[Callable[[Any], Any]]
 @click.option("--once", is_flag=True, help="Process what is there and stop (else repeat until stopped).")
 @click.option("--interval", default=30.0, show_default=True, help="Seconds between runs without --once.")
 @click.option("--bucket", "buckets", multiple=True, metavar="K[,K...]", help="Only these buckets (repeatable).")
+@click.option("--drain", is_flag=True, help="Treat every window as closed (end of a backfill).")
 @click.pass_obj
-def run(state: State, job: str, once: bool, interval: float, buckets: tuple[str, ...]) -> None:
+def run(state: State, job: str, once: bool, interval: float, buckets: tuple[str, ...], drain: bool) -> None:
     """Run a job incrementally: it reads only source commits it has not processed yet.
 
     JOB is one of silver, silver-events, silver-page-changes, gold, gold-partials, gold-merge,
@@ -193,7 +194,7 @@ def run(state: State, job: str, once: bool, interval: float, buckets: tuple[str,
             raise click.BadParameter(
                 f"bucket(s) {bad} outside 0..{ctx.settings.buckets.count - 1}", param_hint="--bucket"
             )
-    steps = job_steps(job, chosen)
+    steps = job_steps(job, chosen, drain)
     stop = threading.Event()
     if not once:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -257,6 +258,70 @@ def ingest_kafka(state: State, once: bool, topics: str | None, max_batch: int, m
         f"ingest.kafka: {stats.messages:,} messages in {stats.flushes} flush(es), {stats.landed:,} landed, "
         f"{stats.quarantined:,} quarantined, {stats.seconds:.1f}s"
     )
+
+
+# -- buckets ------------------------------------------------------------------------------------
+@cli.group()
+def buckets() -> None:
+    """Team buckets: the stable team -> bucket mapping."""
+
+
+@buckets.command("plan")
+@click.option("--buckets", "count", type=click.IntRange(1, 4096), help="Bucket count of the new mapping.")
+@click.option("--max-moves", default=10, show_default=True, type=click.IntRange(0), help="Teams moved to balance.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Where to write the new mapping.")
+@click.pass_obj
+def buckets_plan(state: State, count: int | None, max_moves: int, out: Path | None) -> None:
+    """Balance per-team event volume across buckets, keeping existing assignments.
+
+    Reads volume per team from silver/events (or bronze/events), moves at most --max-moves teams
+    (largest imbalance first; tier and range fixes always happen), prints the moves and the load
+    per bucket before and after, and writes the new mapping (default: MEDALLION_BUCKETS__MAPPING_FILE,
+    else ./buckets.yaml). Point MEDALLION_BUCKETS__MAPPING_FILE at it to apply it.
+    """
+    import yaml
+    from pyspark.sql import functions as F
+
+    from pipelines import jobs
+    from pipelines.tables import BRONZE_EVENTS, SILVER_EVENTS
+    from silver.buckets import bucket_of, plan_buckets
+
+    ctx = state.context()
+    mapping = jobs.bucket_mapping(ctx)
+    source = SILVER_EVENTS if ctx.store.version(SILVER_EVENTS) is not None else BRONZE_EVENTS
+    if ctx.store.version(source) is None:
+        raise click.UsageError("no events yet: land some before planning buckets")
+    rows = (
+        ctx.store.read(source)
+        .groupBy("team_id")
+        .agg(F.count(F.lit(1)).alias("n"))
+        .withColumn("bucket", bucket_of(F.col("team_id"), mapping))
+        .collect()
+    )
+    volumes = {int(r["team_id"]): int(r["n"]) for r in rows}
+    current = {int(r["team_id"]): int(r["bucket"]) for r in rows}
+    plan = plan_buckets(mapping, current, volumes, buckets=count, max_moves=max_moves)
+    m = Table(title=f"Moves ({len(plan.moves)})", title_justify="left")
+    for col in ("team", "from", "to", "events", "why"):
+        m.add_column(col, justify="right" if col != "why" else "left")
+    for mv in plan.moves:
+        m.add_row(str(mv.team), str(mv.from_bucket), str(mv.to_bucket), f"{mv.volume:,}", mv.reason)
+    console.print(m)
+    b = Table(title=f"Events per bucket from {source.key}", title_justify="left")
+    for col in ("bucket", "before", "after", "tier"):
+        b.add_column(col, justify="right" if col != "tier" else "left")
+    tiers = {bk: name for name, bks in plan.mapping.tiers.items() for bk in bks}
+    for bucket in sorted(set(plan.before) | set(plan.after)):
+        b.add_row(
+            str(bucket),
+            f"{plan.before.get(bucket, 0):,}",
+            f"{plan.after.get(bucket, 0):,}" if bucket in plan.after else "-",
+            tiers.get(bucket, ""),
+        )
+    console.print(b)
+    target = out or ctx.settings.buckets.mapping_file or Path("buckets.yaml")
+    Path(target).write_text(yaml.safe_dump(plan.mapping.to_dict(), sort_keys=False), encoding="utf-8")
+    console.print(f"wrote {target}")
 
 
 # -- analyze ------------------------------------------------------------------------------------
@@ -391,6 +456,7 @@ def status(state: State, runs: int) -> None:
             s.last_operation or "-",
         )
     console.print(t)
+    print_buckets(ctx)
     if ctx.store.version(PIPELINE_EVENTS) is None:
         console.print("No runs yet.")
         return
@@ -412,6 +478,46 @@ def status(state: State, runs: int) -> None:
             shown,
         )
     console.print(r)
+
+
+def print_buckets(ctx: Any) -> None:
+    """Per bucket: events, teams, newest event and ingest, and bronze commits not yet processed."""
+    from pyspark.sql import functions as F
+
+    from pipelines.runner import app_id
+    from pipelines.tables import BRONZE_EVENTS, SILVER_EVENTS
+
+    if ctx.store.version(SILVER_EVENTS) is None:
+        return
+    latest = ctx.store.version(BRONZE_EVENTS) or 0
+    all_done = ctx.store.txn_version(SILVER_EVENTS, app_id("silver.events", BRONZE_EVENTS))
+    rows = (
+        ctx.store.read(SILVER_EVENTS)
+        .groupBy("bucket")
+        .agg(
+            F.count(F.lit(1)).alias("events"),
+            F.countDistinct("team_id").alias("teams"),
+            F.max("event_time").alias("newest_event"),
+            F.max("ingest_time").alias("newest_ingest"),
+        )
+        .orderBy("bucket")
+        .collect()
+    )
+    t = Table(title="Buckets (silver/events)", title_justify="left")
+    for col in ("bucket", "events", "teams", "newest event", "newest ingest", "bronze commits behind"):
+        t.add_column(col, justify="left" if col.startswith("newest") else "right")
+    for r in rows:
+        own = ctx.store.txn_version(SILVER_EVENTS, app_id("silver.events", BRONZE_EVENTS, [r["bucket"]]))
+        done = max(v for v in (all_done, own, -1) if v is not None)
+        t.add_row(
+            str(r["bucket"]),
+            f"{r['events']:,}",
+            f"{r['teams']:,}",
+            str(r["newest_event"])[:19],
+            str(r["newest_ingest"])[:19],
+            str(max(0, latest - done)),
+        )
+    console.print(t)
 
 
 # -- sql ----------------------------------------------------------------------------------------

@@ -227,6 +227,17 @@ def silver_events(ctx: Context, buckets: Sequence[int] | None = None) -> RunReco
         record.rows_in = record.rows_out = out.num_rows
         per_bucket = pc.value_counts(out["bucket"]).to_pylist() if out.num_rows else []
         record.add(**{f"bucket.{d['values']}.events": d["counts"] for d in per_bucket})
+        if out.num_rows:
+            # Lag: how far behind now the newest event of each bucket in this batch is.
+            now = datetime.now(UTC).timestamp()
+            newest = out.group_by("bucket").aggregate([("event_time", "max")]).to_pylist()
+            record.add(
+                **{
+                    f"bucket.{r['bucket']}.lag_seconds": round(now - r["event_time_max"].timestamp(), 3)
+                    for r in newest
+                    if r["event_time_max"] is not None
+                }
+            )
         record.add(source_from=inc.start, source_to=inc.end)
         ctx.say(f"silver/events: {out.num_rows:,} events in {len(per_bucket)} bucket(s)")
 

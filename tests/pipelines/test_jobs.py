@@ -137,3 +137,17 @@ def test_export_crash_between_insert_and_record_does_not_double_count(
         )
     assert {(k, v, float(w)): c for k, v, w, c in exported} == gold
     assert sum(gold.values()) == 80  # 40 events x 2 properties
+
+
+def test_buckets_run_as_separate_tasks_and_together_cover_every_event(ctx: Context, tmp_path: Path) -> None:
+    for team in range(1, 13):
+        jobs.ingest_files(ctx, "events", [write_events(tmp_path / f"t{team}.jsonl", team, 5)])
+    low = jobs.silver_events(ctx, [0, 1, 2, 3])
+    high = jobs.silver_events(ctx, [4, 5, 6, 7])
+    silver = ctx.store.read(SILVER_EVENTS)
+    assert silver.count() == 60 and silver.select("uuid").distinct().count() == 60
+    low_buckets = {int(k.split(".")[1]) for k in low.metrics if k.startswith("bucket.") and k.endswith(".events")}
+    high_buckets = {int(k.split(".")[1]) for k in high.metrics if k.startswith("bucket.") and k.endswith(".events")}
+    assert low_buckets and low_buckets <= {0, 1, 2, 3} and high_buckets and high_buckets <= {4, 5, 6, 7}
+    assert any(k.endswith(".lag_seconds") for k in low.metrics)
+    assert jobs.silver_events(ctx, [0, 1, 2, 3]).status == "noop"
