@@ -1,46 +1,86 @@
-"""What to send to ClickHouse: count differences per tuple and window, from gold's change feed.
+"""What to send to ClickHouse: per tuple and closed window, the count not exported yet.
 
-ClickHouse's ``property_values`` is a SummingMergeTree, so sending the *difference* a gold commit
-made (new rows: their count; updated rows: post-image minus pre-image) keeps ``sum(count)`` per
-tuple and window equal to the gold count, however many times a window was updated.
+ClickHouse's ``property_values`` is a SummingMergeTree, so each export sends the *difference*
+between the gold count and what was exported before: the first time the whole count, and a
+correction row carrying only the difference when late data changed a window already exported.
+``sum(count)`` per tuple and window in ClickHouse therefore always equals the gold count.
+
+A window is closed once the watermark (newest event time counted minus ``gold.grace``) passes its
+end; a drain treats every window as closed. Tuples whose window count is below the singleton gate
+are held back (counted as gated) until their count reaches it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime, timedelta
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
+from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType, TimestampType
 
 from gold.property_values import TUPLE, WINDOW_START
 
-EXPORT_COLUMNS = (*TUPLE, WINDOW_START, "count")
-EXPORT_SCHEMA = StructType(
+EXPORT_KEY = (*TUPLE, WINDOW_START)
+EXPORT_COLUMNS = (*EXPORT_KEY, "count")
+
+#: What was exported so far, one row per tuple and window.
+EXPORTED_SCHEMA = StructType(
     [
         StructField("team_id", LongType()),
         StructField("property_type", StringType()),
         StructField("property_key", StringType()),
         StructField("property_value", StringType()),
         StructField(WINDOW_START, TimestampType()),
-        StructField("count", LongType()),
-        StructField("source_version", LongType()),
+        StructField("exported_count", LongType()),
+        StructField("export_seq", LongType()),
+    ]
+)
+#: One export batch, written before anything is sent so a retry sends exactly the same rows.
+OUTBOX_SCHEMA = StructType(
+    [
+        StructField("export_seq", LongType()),
+        StructField("team_id", LongType()),
+        StructField("property_type", StringType()),
+        StructField("property_key", StringType()),
+        StructField("property_value", StringType()),
+        StructField(WINDOW_START, TimestampType()),
+        StructField("count", LongType()),  # what this batch adds in ClickHouse
+        StructField("total", LongType()),  # the gold count it brings ClickHouse to
+        StructField("correction", BooleanType()),  # the window was exported before
     ]
 )
 
-_SIGN = {"insert": 1, "update_postimage": 1, "update_preimage": -1, "delete": -1}
+
+def watermark(gold: DataFrame, grace: timedelta) -> datetime | None:
+    """Newest event time counted in gold minus ``grace`` (None while gold is empty)."""
+    newest = gold.agg(F.max("max_event_time")).first()
+    return None if newest is None or newest[0] is None else newest[0] - grace
 
 
-def count_deltas() -> Callable[[DataFrame], DataFrame]:
-    """Gold change-feed rows -> one row per tuple, window and commit with the count it added."""
+def export_batch(
+    exported: DataFrame, width: timedelta, closed_before: datetime | None, min_count: int
+) -> Callable[[DataFrame], DataFrame]:
+    """Gold rows -> rows to send: closed windows (all with ``closed_before`` None) whose count
+    differs from what was exported, minus gated ones; with a ``_gated`` flag kept for metrics."""
+    w = int(width.total_seconds())
 
-    def transform(df: DataFrame) -> DataFrame:
-        sign = F.coalesce(*[F.when(F.col("_change_type") == k, F.lit(v)) for k, v in _SIGN.items()])
-        return (
-            df.groupBy(*TUPLE, WINDOW_START, F.col("_commit_version").alias("source_version"))
-            .agg(F.sum(F.col("count") * sign).cast("long").alias("count"))
-            .where(F.col("count") != 0)
-            .select(*[f.name for f in EXPORT_SCHEMA.fields])
+    def transform(gold: DataFrame) -> DataFrame:
+        rows = gold
+        if closed_before is not None:
+            end = F.col(WINDOW_START) + F.make_interval(secs=F.lit(w))
+            rows = rows.where(end <= F.lit(closed_before))
+        joined = rows.select(*EXPORT_KEY, F.col("count").alias("total")).join(
+            exported.select(*EXPORT_KEY, "exported_count"), list(EXPORT_KEY), "left"
         )
+        before = F.coalesce(F.col("exported_count"), F.lit(0))
+        gated = F.col("exported_count").isNull() & (F.col("total") < F.lit(min_count))
+        return joined.select(
+            *EXPORT_KEY,
+            (F.col("total") - before).alias("count"),
+            F.col("total"),
+            F.col("exported_count").isNotNull().alias("correction"),
+            gated.alias("_gated"),
+        ).where((F.col("count") != 0) | F.col("_gated"))
 
     return transform

@@ -29,6 +29,7 @@ PARTIALS_SCHEMA = StructType(
         StructField("property_value", StringType()),
         StructField(WINDOW_START, TimestampType()),
         StructField("count", LongType()),
+        StructField("max_event_time", TimestampType()),
         StructField("batch_id", StringType()),
         StructField("created_at", TimestampType()),
     ]
@@ -42,6 +43,7 @@ PROPERTY_VALUES_SCHEMA = StructType(
         StructField("property_value", StringType()),
         StructField(WINDOW_START, TimestampType()),
         StructField("count", LongType()),
+        StructField("max_event_time", TimestampType()),  # newest event counted: drives the watermark
         StructField("first_seen", TimestampType()),
         StructField("last_seen", TimestampType()),
     ]
@@ -92,9 +94,7 @@ def fan_out(rules: FanoutRules) -> Callable[[DataFrame], DataFrame]:
                 _tagged(_entries(F.try_variant_get(props, "$['$group_set']", "variant")), group_type),
             ).otherwise(F.array().cast("array<struct<property_type:string,key:string,value:variant>>")),
         )
-        exploded = df.select(
-            "team_id", "bucket", "event_time", "batch_id", F.explode(all_entries).alias("e")
-        ).select(
+        exploded = df.select("team_id", "bucket", "event_time", "batch_id", F.explode(all_entries).alias("e")).select(
             "team_id",
             "bucket",
             "event_time",
@@ -118,15 +118,9 @@ def fan_out(rules: FanoutRules) -> Callable[[DataFrame], DataFrame]:
             F.when(value == "", F.lit("empty_value")),
             F.when(F.length(key) > rules.max_key_length, F.lit("key_too_long")),
             F.when(F.length(value) > rules.max_value_length, F.lit("value_too_long")),
-            F.when(key.isin(*rules.excluded_keys), F.lit("excluded_key"))
-            if rules.excluded_keys
-            else F.lit(None),
+            F.when(key.isin(*rules.excluded_keys), F.lit("excluded_key")) if rules.excluded_keys else F.lit(None),
         )
-        return (
-            exploded.withColumn("property_value", value)
-            .withColumn(SKIP_REASON, reason)
-            .drop("_json", "_value")
-        )
+        return exploded.withColumn("property_value", value).withColumn(SKIP_REASON, reason).drop("_json", "_value")
 
     return transform
 
@@ -147,7 +141,7 @@ def partials(width: timedelta, created_at: Column | None = None) -> Callable[[Da
             df.where(F.col(SKIP_REASON).isNull())
             .withColumn(WINDOW_START, window_start(F.col("event_time"), width))
             .groupBy(*TUPLE, "bucket", WINDOW_START, "batch_id")
-            .agg(F.count(F.lit(1)).alias("count"))
+            .agg(F.count(F.lit(1)).alias("count"), F.max("event_time").alias("max_event_time"))
             .withColumn("created_at", created_at if created_at is not None else F.current_timestamp())
             .select(*[f.name for f in PARTIALS_SCHEMA.fields])
         )
@@ -164,6 +158,7 @@ def merge_source() -> Callable[[DataFrame], DataFrame]:
             df.groupBy(*TUPLE, "bucket", WINDOW_START)
             .agg(
                 F.sum("count").cast("long").alias("count"),
+                F.max("max_event_time").alias("max_event_time"),
                 F.min("created_at").alias("first_seen"),
                 F.max("created_at").alias("last_seen"),
             )
@@ -177,6 +172,7 @@ def merge_source() -> Callable[[DataFrame], DataFrame]:
 MERGE_ON = " AND ".join(f"t.{c} = s.{c}" for c in GOLD_KEY)
 MERGE_UPDATE = {
     "count": "t.count + s.count",
+    "max_event_time": "greatest(t.max_event_time, s.max_event_time)",
     "first_seen": "least(t.first_seen, s.first_seen)",
     "last_seen": "greatest(t.last_seen, s.last_seen)",
 }

@@ -164,7 +164,7 @@ def job_steps(job: str, buckets: list[int] | None, drain: bool = False) -> list[
         "silver-page-changes": [lambda c: jobs.silver_page_changes(c, drain=drain)],
         "gold-partials": [lambda c: jobs.gold_partials(c, buckets)],
         "gold-merge": [lambda c: jobs.gold_merge(c, buckets)],
-        "export": [jobs.export_property_values],
+        "export": [lambda c: jobs.export_property_values(c, drain=drain)],
     }
     steps["silver"] = steps["silver-events"] + steps["silver-page-changes"]
     steps["gold"] = steps["gold-partials"] + steps["gold-merge"]

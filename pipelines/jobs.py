@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 from bronze.events import BRONZE_EVENTS_COLUMNS, parse_events
 from bronze.landing import quarantined, valid
 from bronze.page_changes import BRONZE_PAGE_CHANGES_COLUMNS, parse_page_changes
-from gold.export import count_deltas
+from gold.export import EXPORT_COLUMNS, export_batch, watermark
 from gold.property_values import (
     MERGE_ON,
     MERGE_UPDATE,
@@ -43,7 +43,9 @@ from pipelines.tables import (
     BRONZE_EVENTS,
     BRONZE_PAGE_CHANGES,
     BRONZE_QUARANTINE,
+    EXPORT_OUTBOX,
     EXPORTS,
+    GOLD_EXPORTED,
     GOLD_PARTIALS,
     GOLD_PROPERTY_VALUES,
     SILVER_EVENTS,
@@ -297,6 +299,8 @@ def silver_page_changes(ctx: Context, drain: bool = False) -> RunRecord:
             *KEY, F.col("rev_id").alias(LAST_REV), F.col("event_time").alias(LAST_TIME)
         )
         result = dedup_run(events, last, cfg.mode, cfg.window, watermark)
+        # Several actions read these; caching them keeps each step computed once.
+        cached = [result.windowed.persist(), result.finalized.persist(), result.emitted.persist()]
         finalized = (
             result.finalized.groupBy()
             .agg(F.count(F.lit(1)).alias("n"), F.sum(F.col("_stale").cast("int")).alias("stale"))
@@ -325,6 +329,8 @@ def silver_page_changes(ctx: Context, drain: bool = False) -> RunRecord:
         )
         full_state = pa.concat_tables([ctx.store.to_arrow(SILVER_PAGE_CHANGE_STATE, new_state), outbox, progress_row])
         state.unpersist()
+        for df in cached:
+            df.unpersist()
         ctx.store.overwrite(SILVER_PAGE_CHANGE_STATE, full_state, [AppTxn(app, seq + 1)])
         publish(record)
         n_final = int(finalized["n"] or 0) if finalized else 0
@@ -417,64 +423,106 @@ def gold_merge(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
     return run_job(ctx, "gold.merge", body)
 
 
-def export_property_values(ctx: Context) -> RunRecord:
-    """Gold commits not exported yet -> count differences inserted into ClickHouse, exactly once.
+def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:
+    """Closed windows of gold -> ClickHouse, exactly once, with corrections for late counts.
 
-    Rows are sent per gold commit in a fixed order and chunking, each insert with a token made of
-    the commit version and chunk number: a run that dies after inserting but before recording
-    the export resends the same tokens, which ClickHouse drops.
+    Each batch is first appended to ``_meta/export_outbox`` under the next batch number (one
+    commit), then sent in a fixed order and chunking, each insert carrying the token
+    ``<batch>:<chunk>``, then recorded in ``gold/property_value_exports`` under the same number. A
+    run that stopped anywhere in between is finished by the next one: it resends the same rows with
+    the same tokens, which ClickHouse drops if they had arrived.
     """
+    g = ctx.settings.gold
     database = ctx.settings.clickhouse.database
     chunk = ctx.settings.clickhouse.insert_chunk_rows
+    app = app_id("export.clickhouse", GOLD_PROPERTY_VALUES)
 
-    def body(record: RunRecord) -> None:
-        ctx.store.ensure(EXPORTS)
-        ctx.store.ensure(GOLD_PROPERTY_VALUES)
-        app = app_id("export.clickhouse", GOLD_PROPERTY_VALUES)
-        inc = pending(ctx.store, GOLD_PROPERTY_VALUES, EXPORTS, app)
-        if inc is None:
-            record.noop("nothing new in gold")
-            return
-        changes = ctx.store.read_changes(GOLD_PROPERTY_VALUES, inc.start, inc.end)
-        deltas = changes.transform(count_deltas()).orderBy(
-            "source_version", "team_id", "property_type", "property_key", "property_value", "window_start"
-        )
-        data = deltas.toArrow()
-        sent = 0
+    def deliver(seq: int, record: RunRecord) -> int:
+        """Send outbox batch ``seq`` (again) and record it as exported; returns rows sent."""
+        rows = ctx.store.read(EXPORT_OUTBOX, where=f"export_seq = {seq}").orderBy(*EXPORT_COLUMNS[:-1]).toArrow()
+        data = rows.select(list(EXPORT_COLUMNS))
         with clickhouse.connect(ctx.settings) as client:
             clickhouse.ensure_property_values(client, database)
-            for version in sorted(set(data["source_version"].to_pylist())):
-                rows = data.filter(pc.equal(data["source_version"], version)).drop_columns(["source_version"])
-                for i, offset in enumerate(range(0, rows.num_rows, chunk)):
-                    part = rows.slice(offset, chunk)
-                    clickhouse.insert(client, clickhouse.PROPERTY_VALUES_TABLE, part, _token(version, i), database)
-                    sent += part.num_rows
+            for i, offset in enumerate(range(0, data.num_rows, chunk)):
+                clickhouse.insert(
+                    client, clickhouse.PROPERTY_VALUES_TABLE, data.slice(offset, chunk), _token(seq, i), database
+                )
+        source = rows.select([*EXPORT_COLUMNS[:-1], "total"]).rename_columns([*EXPORT_COLUMNS[:-1], "exported_count"])
+        source = source.append_column("export_seq", pa.array([seq] * source.num_rows, pa.int64()))
+        ctx.store.merge(
+            GOLD_EXPORTED,
+            source,
+            on=" AND ".join(f"t.{c} = s.{c}" for c in EXPORT_COLUMNS[:-1]),
+            update={"exported_count": "s.exported_count", "export_seq": "s.export_seq"},
+            txns=[AppTxn(app, seq)],
+        )
         count_sum = int(pc.sum(data["count"]).as_py() or 0) if data.num_rows else 0
-        summary = pa.Table.from_pylist(
+        corrections = int(pc.sum(rows["correction"].cast(pa.int64())).as_py() or 0) if rows.num_rows else 0
+        log_row = pa.Table.from_pylist(
             [
                 {
                     "sink": "clickhouse",
                     "target": clickhouse.PROPERTY_VALUES_TABLE,
                     "source": GOLD_PROPERTY_VALUES.key,
-                    "from_version": inc.start,
-                    "to_version": inc.end,
-                    "rows": sent,
+                    "from_version": seq,
+                    "to_version": seq,
+                    "rows": data.num_rows,
                     "count_sum": count_sum,
                     "exported_at": datetime.now(UTC),
                 }
             ],
             schema=EXPORTS.arrow_schema,
         )
-        ctx.store.append(EXPORTS, summary, [inc.txn])
+        append_once(ctx.store, EXPORTS, log_row, AppTxn(app, seq))
+        record.add(
+            rows_exported=record.metrics.get("rows_exported", 0) + data.num_rows,
+            late_corrections=record.metrics.get("late_corrections", 0) + corrections,
+            count_sum=record.metrics.get("count_sum", 0) + count_sum,
+        )
+        return data.num_rows
+
+    def body(record: RunRecord) -> None:
+        for spec in (GOLD_PROPERTY_VALUES, GOLD_EXPORTED, EXPORT_OUTBOX, EXPORTS):
+            ctx.store.ensure(spec)
+        out_seq = ctx.store.txn_version(EXPORT_OUTBOX, app) or 0
+        done_seq = ctx.store.txn_version(GOLD_EXPORTED, app) or 0
+        if out_seq > done_seq:
+            resent = deliver(out_seq, record)
+            ctx.say(f"export: finished batch {out_seq} that a stopped run had left ({resent:,} rows)")
+        gold = ctx.store.read(GOLD_PROPERTY_VALUES).persist()
+        closed_before = None if drain else watermark(gold, g.grace)
+        if not drain and closed_before is None:
+            gold.unpersist()
+            record.noop("gold is empty")
+            return
+        exported = ctx.store.read(GOLD_EXPORTED)
+        batch = gold.transform(export_batch(exported, g.window, closed_before, g.min_export_count)).persist()
+        gated = batch.where("_gated").count()
+        to_send = batch.where("NOT _gated").drop("_gated")
+        seq = out_seq + 1
+        rows = to_send.withColumn("export_seq", F.lit(seq).cast("long")).toArrow()
+        batch.unpersist()
+        gold.unpersist()
+        record.add(gated=gated)
+        if closed_before is not None:
+            record.add(watermark_epoch_s=closed_before.timestamp())
+        if rows.num_rows == 0:
+            record.noop("no closed window has counts to export" + (f" ({gated:,} gated)" if gated else ""))
+            return
+        ctx.store.append(EXPORT_OUTBOX, rows, [AppTxn(app, seq)])
+        sent = deliver(seq, record)
         record.rows_in = record.rows_out = sent
-        record.add(rows_exported=sent, count_sum=count_sum, from_version=inc.start, to_version=inc.end)
-        ctx.say(f"export: {sent:,} rows to ClickHouse {clickhouse.PROPERTY_VALUES_TABLE}")
+        ctx.say(
+            f"export: batch {seq}: {sent:,} rows to ClickHouse {clickhouse.PROPERTY_VALUES_TABLE} "
+            f"({int(record.metrics.get('late_corrections', 0)):,} corrections, {gated:,} gated)"
+            + (" (drained)" if drain else "")
+        )
 
     return run_job(ctx, "export.clickhouse", body)
 
 
-def _token(version: int, chunk: int) -> str:
-    return f"medallion:{GOLD_PROPERTY_VALUES.key}:v{version}:c{chunk}"
+def _token(seq: int, chunk: int) -> str:
+    return f"medallion:{GOLD_PROPERTY_VALUES.key}:batch{seq}:c{chunk}"
 
 
 def ensure_all(ctx: Context, specs: Sequence[TableSpec]) -> None:

@@ -12,6 +12,7 @@ from bronze.events import BRONZE_EVENTS_SCHEMA
 from bronze.landing import QUARANTINE_SCHEMA
 from bronze.page_changes import BRONZE_PAGE_CHANGES_SCHEMA
 from bronze.samples import BRONZE_SAMPLES_SCHEMA
+from gold.export import EXPORTED_SCHEMA, OUTBOX_SCHEMA
 from gold.property_values import PARTIALS_SCHEMA, PROPERTY_VALUES_SCHEMA
 from pipelines.eventlog import PIPELINE_EVENTS
 from pipelines.storage import TableSpec
@@ -63,6 +64,18 @@ GOLD_PROPERTY_VALUES = TableSpec(
     partition_by=("bucket",),
     description="stage 2: one row per (team, property_type, key, value) and window",
 )
+GOLD_EXPORTED = TableSpec(
+    "gold",
+    "property_value_exports",
+    EXPORTED_SCHEMA,
+    description="what ClickHouse holds per tuple and window (the count exported so far)",
+)
+EXPORT_OUTBOX = TableSpec(
+    "_meta",
+    "export_outbox",
+    OUTBOX_SCHEMA,
+    description="each export batch, recorded before it is sent so a retry sends the same rows",
+)
 EXPORTS = TableSpec(
     "_meta",
     "exports",
@@ -91,7 +104,9 @@ ALL_TABLES: tuple[TableSpec, ...] = (
     SILVER_PAGE_CHANGE_STATE,
     GOLD_PARTIALS,
     GOLD_PROPERTY_VALUES,
+    GOLD_EXPORTED,
     PIPELINE_EVENTS,
+    EXPORT_OUTBOX,
     EXPORTS,
 )
 BY_KEY = {t.key: t for t in ALL_TABLES}

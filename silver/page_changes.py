@@ -102,14 +102,26 @@ def assign_windows(mode: str, width: timedelta) -> Callable[[DataFrame], DataFra
                 ).otherwise(acc),
             ).alias("_opens"),
         ).select(*KEY, F.explode("_opens").alias("_open"))
-        # Each event belongs to the latest opening at or before it (always within W of it).
-        joined = df.join(opens, list(KEY)).where(
-            (F.unix_micros("event_time") >= F.col("_open")) & (F.unix_micros("event_time") < F.col("_open") + w)
+        # Each event belongs to the latest opening at or before it (always within W of it). A sorted
+        # union and a running last() finds it in one pass, where a join on the key would pair every
+        # event with every opening of a busy page.
+        marks = opens.select(*KEY, F.col("_open").alias("_t"), F.col("_open"), F.lit(0).alias("_is_event"))
+        tagged = df.select(
+            "*",
+            F.unix_micros("event_time").alias("_t"),
+            F.lit(None).cast("bigint").alias("_open"),
+            F.lit(1).alias("_is_event"),
+        )
+        ordered = Window.partitionBy(*KEY).orderBy("_t", "_is_event").rowsBetween(Window.unboundedPreceding, 0)
+        assigned = (
+            tagged.unionByName(marks, allowMissingColumns=True)
+            .withColumn("_open", F.last("_open", ignorenulls=True).over(ordered))
+            .where(F.col("_is_event") == 1)
         )
         return (
-            joined.withColumn(WINDOW_START, F.timestamp_micros("_open"))
+            assigned.withColumn(WINDOW_START, F.timestamp_micros("_open"))
             .withColumn(WINDOW_END, F.timestamp_micros(F.col("_open") + F.lit(w)))
-            .drop("_open")
+            .drop("_open", "_t", "_is_event")
         )
 
     if mode == "tumbling":
@@ -221,6 +233,7 @@ def apply_merge_rules() -> Callable[[DataFrame], DataFrame]:
 class DedupResult:
     """What one run produces: rows to emit, events to keep buffered, and the new state."""
 
+    windowed: DataFrame  # every event of the run with its window and whether it is closed
     emitted: DataFrame  # silver/page_changes rows of the windows closed in this run
     buffered: DataFrame  # events of windows still open, with their windows
     last_emitted: DataFrame  # LAST_EMITTED_SCHEMA, for every key (old and updated)
@@ -256,7 +269,7 @@ def dedup_run(
         )
         .select(*KEY, F.col("_last.r").alias(LAST_REV), F.col("_last.t").alias(LAST_TIME))
     )
-    return DedupResult(emitted, buffered, merged_state, finalized)
+    return DedupResult(marked, emitted, buffered, merged_state, finalized)
 
 
 def dedup_page_changes(mode: str, width: timedelta) -> Callable[[DataFrame], DataFrame]:

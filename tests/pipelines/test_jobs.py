@@ -13,10 +13,9 @@ from pipelines import jobs
 from pipelines.eventlog import PIPELINE_EVENTS
 from pipelines.runner import Context
 from pipelines.settings import Settings
-from pipelines.sinks import clickhouse
 from pipelines.storage import TableSpec
 from pipelines.storage.deltars import DeltaRsStore
-from pipelines.tables import BRONZE_EVENTS, GOLD_PROPERTY_VALUES, SILVER_EVENTS
+from pipelines.tables import BRONZE_EVENTS, SILVER_EVENTS
 
 
 @pytest.fixture
@@ -103,40 +102,6 @@ def test_crash_before_the_commit_reprocesses_and_after_it_skips(
     log = ctx.store.read(PIPELINE_EVENTS).where("job = 'silver.events'").orderBy("started_at").collect()
     assert [r["status"] for r in log] == ["failed", "failed", "noop"]
     assert "killed before commit" in log[0]["error"]
-
-
-def test_export_crash_between_insert_and_record_does_not_double_count(
-    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    jobs.ingest_files(ctx, "events", [write_events(tmp_path / "a.jsonl", 1, 40)])
-    for step in (jobs.silver_events, jobs.gold_partials, jobs.gold_merge):
-        step(ctx)
-    real_append = DeltaRsStore.append
-
-    def crash_after_insert(self: DeltaRsStore, spec: TableSpec, *args: object, **kw: object) -> int:
-        if spec.key == "_meta/exports":
-            raise Crash("killed after the ClickHouse insert")
-        return real_append(self, spec, *args, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(DeltaRsStore, "append", crash_after_insert)
-    with pytest.raises(Crash):
-        jobs.export_property_values(ctx)
-    monkeypatch.setattr(DeltaRsStore, "append", real_append)
-    assert jobs.export_property_values(ctx).rows_out > 0  # resent with the same tokens
-    assert jobs.export_property_values(ctx).status == "noop"
-
-    gold = {
-        (r["property_key"], r["property_value"], r["window_start"].timestamp()): r["count"]
-        for r in ctx.store.read(GOLD_PROPERTY_VALUES).collect()
-    }
-    with clickhouse.connect(ctx.settings) as client:
-        exported = clickhouse.query_rows(
-            client,
-            "SELECT property_key, property_value, toUnixTimestamp(window_start), sum(count) "
-            "FROM property_values GROUP BY ALL",
-        )
-    assert {(k, v, float(w)): c for k, v, w, c in exported} == gold
-    assert sum(gold.values()) == 80  # 40 events x 2 properties
 
 
 def test_buckets_run_as_separate_tasks_and_together_cover_every_event(ctx: Context, tmp_path: Path) -> None:

@@ -1,0 +1,199 @@
+"""Gold -> ClickHouse (embedded chdb): closed windows once, corrections, gate, pods, crashes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from pipelines import jobs
+from pipelines.eventlog import PIPELINE_EVENTS
+from pipelines.runner import Context
+from pipelines.settings import load_settings
+from pipelines.sinks import clickhouse
+from pipelines.storage import TableSpec
+from pipelines.storage.deltars import DeltaRsStore
+from pipelines.tables import GOLD_EXPORTED, GOLD_PARTIALS, GOLD_PROPERTY_VALUES
+
+pytestmark = pytest.mark.integration
+
+
+def event(i: int, second: int, team: int = 1, props: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "uuid": f"00000000-0000-4000-8000-{team:04d}{i:08d}",
+        "event": "$pageview",
+        "team_id": team,
+        "distinct_id": f"u{i % 3}",
+        "timestamp": f"2024-06-01T00:{second // 60:02d}:{second % 60:02d}Z",
+        "properties": props if props is not None else {"browser": ["Firefox", "Chrome"][i % 2], "plan": "free"},
+    }
+
+
+def write(path: Path, events: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    return path
+
+
+def make_ctx(spark: SparkSession, lake: Path, **gold: Any) -> Context:
+    settings = load_settings(lake_root=str(lake), gold={"window": "30s", "grace": "60s", **gold})
+    return Context(settings=settings, spark=spark, store=DeltaRsStore(spark, str(lake)), say=lambda _: None)
+
+
+def pipeline(ctx: Context, files: list[Path], drain: bool = True) -> None:
+    jobs.ingest_files(ctx, "events", files)
+    jobs.silver_events(ctx)
+    jobs.gold_partials(ctx)
+    jobs.gold_merge(ctx)
+    jobs.export_property_values(ctx, drain=drain)
+
+
+def clickhouse_state(ctx: Context) -> tuple[dict[tuple, int], int]:
+    """(sum(count) per tuple and window, raw rows) as ClickHouse holds them."""
+    with clickhouse.connect(ctx.settings) as client:
+        sums = clickhouse.query_rows(
+            client,
+            "SELECT team_id, property_type, property_key, property_value, toUnixTimestamp(window_start), sum(count) "
+            "FROM property_values GROUP BY ALL",
+        )
+        raw = clickhouse.query_rows(client, "SELECT count() FROM property_values")[0][0]
+    return {tuple(r[:-1]): int(r[-1]) for r in sums}, int(raw)
+
+
+def gold_state(ctx: Context) -> dict[tuple, int]:
+    return {
+        (
+            r["team_id"],
+            r["property_type"],
+            r["property_key"],
+            r["property_value"],
+            int(r["window_start"].timestamp()),
+        ): r["count"]
+        for r in ctx.store.read(GOLD_PROPERTY_VALUES).collect()
+    }
+
+
+STREAM = [event(i, second=i * 3) for i in range(60)]  # 3 minutes of events, 6 windows of 30 s
+
+
+def test_only_closed_windows_are_exported_once_and_sums_equal_gold(spark: SparkSession, tmp_path: Path) -> None:
+    ctx = make_ctx(spark, tmp_path / "lake")
+    pipeline(ctx, [write(tmp_path / "a.jsonl", STREAM)], drain=False)
+    sums, raw = clickhouse_state(ctx)
+    # Newest event 00:02:57, grace 60 s: windows ending by 00:01:57 are closed: 00:00:00 .. 00:01:00.
+    assert sorted({k[-1] % 3600 for k in sums}) == [0, 30, 60]
+    again = jobs.export_property_values(ctx)
+    assert again.status == "noop"
+    jobs.export_property_values(ctx, drain=True)
+    sums, raw = clickhouse_state(ctx)
+    gold = gold_state(ctx)
+    assert sums == gold and raw == len(gold)  # one record per tuple and window, nothing late
+    assert sum(sums.values()) == 60 * 2  # two properties per event
+
+
+def test_late_counts_after_export_go_out_as_a_correction_row(spark: SparkSession, tmp_path: Path) -> None:
+    ctx = make_ctx(spark, tmp_path / "lake")
+    pipeline(ctx, [write(tmp_path / "a.jsonl", STREAM)])
+    before_sums, before_raw = clickhouse_state(ctx)
+    late = [event(1000, second=5, props={"plan": "free"})]  # lands in the first, exported window
+    pipeline(ctx, [write(tmp_path / "late.jsonl", late)])
+    record = jobs.export_property_values(ctx, drain=True)
+    sums, raw = clickhouse_state(ctx)
+    assert sums == gold_state(ctx)
+    assert raw == before_raw + 1  # one correction row ...
+    changed = {k: v for k, v in sums.items() if before_sums.get(k) != v}
+    assert list(changed.values()) == [before_sums[next(iter(changed))] + 1]  # ... carrying the difference
+    log = ctx.store.read(PIPELINE_EVENTS).where("job = 'export.clickhouse' AND status = 'ok'").collect()
+    assert any(r["metrics"].get("late_corrections") == 1.0 for r in log)
+    assert record.status == "noop"
+
+
+def test_singleton_gate_holds_back_counts_below_it(spark: SparkSession, tmp_path: Path) -> None:
+    ctx = make_ctx(spark, tmp_path / "lake", min_export_count=2)
+    events = [event(i, second=1, props={"k": f"v{i % 3}", "rare": f"r{i}"}) for i in range(6)]
+    pipeline(ctx, [write(tmp_path / "a.jsonl", events)])
+    sums, _ = clickhouse_state(ctx)
+    assert {k[3] for k in sums} == {"v0", "v1", "v2"}  # each seen twice; the six rare values once
+    log = ctx.store.read(PIPELINE_EVENTS).where("job = 'export.clickhouse' AND status = 'ok'").first()
+    assert log is not None and log["metrics"]["gated"] == 6.0
+    # Exported counts are the fan-out tuples minus the gated ones.
+    assert sum(sums.values()) == 6 and sum(gold_state(ctx).values()) == 6 + 6
+
+
+def test_k_pods_give_the_same_clickhouse_content_as_one(spark: SparkSession, tmp_path: Path) -> None:
+    stream = [event(i, second=i % 90, team=1 + i % 3) for i in range(240)]
+    results = {}
+    for pods in (1, 4):
+        lake = tmp_path / f"pods{pods}"
+        lake.mkdir()
+        files = [write(lake / f"pod-{p}.jsonl", stream[p::pods]) for p in range(pods)]
+        ctx = make_ctx(spark, lake / "lake")
+        pipeline(ctx, files)
+        partials = ctx.store.stats(GOLD_PARTIALS).rows
+        results[pods] = (clickhouse_state(ctx), partials, len(gold_state(ctx)))
+    (one_sums, one_raw), one_partials, gold_rows = results[1]
+    (four_sums, four_raw), four_partials, _ = results[4]
+    assert four_sums == one_sums and four_raw == one_raw == gold_rows
+    # Stage 1 alone would have exported one row per pod and tuple-window: stage 2 removes that.
+    assert four_partials > one_partials == gold_rows
+
+
+class Crash(Exception):
+    pass
+
+
+def crash_on(monkeypatch: pytest.MonkeyPatch, target: Any, name: str, when: Callable[..., bool], after: bool) -> None:
+    real = getattr(target, name)
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        if when(*args, **kwargs):
+            if after:
+                real(*args, **kwargs)
+            monkeypatch.setattr(target, name, real)  # crash once
+            raise Crash(f"killed {'after' if after else 'before'} {name}")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, wrapped)
+
+
+def is_spec(spec: TableSpec) -> Callable[..., bool]:
+    return lambda self, s, *a, **k: s == spec
+
+
+@pytest.mark.parametrize(
+    ("what", "patch"),
+    [
+        ("between the outbox and the insert", lambda m: crash_on(m, clickhouse, "insert", lambda *a, **k: True, False)),
+        (
+            "between the insert and its Delta record",
+            lambda m: crash_on(m, DeltaRsStore, "merge", is_spec(GOLD_EXPORTED), False),
+        ),
+        ("after the Delta record", lambda m: crash_on(m, DeltaRsStore, "merge", is_spec(GOLD_EXPORTED), True)),
+        (
+            "in the merger before its commit",
+            lambda m: crash_on(m, DeltaRsStore, "merge", is_spec(GOLD_PROPERTY_VALUES), False),
+        ),
+        (
+            "in the merger after its commit",
+            lambda m: crash_on(m, DeltaRsStore, "merge", is_spec(GOLD_PROPERTY_VALUES), True),
+        ),
+    ],
+)
+def test_a_crash_then_a_rerun_leaves_clickhouse_as_a_clean_run(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str, patch: Callable[..., None]
+) -> None:
+    files = [write(tmp_path / f"pod-{p}.jsonl", STREAM[p::2]) for p in range(2)]
+    clean = make_ctx(spark, tmp_path / "clean")
+    pipeline(clean, files)
+    expected = clickhouse_state(clean)
+
+    ctx = make_ctx(spark, tmp_path / "crashy")
+    patch(monkeypatch)
+    with pytest.raises(Crash):
+        pipeline(ctx, files)
+    pipeline(ctx, files)  # the rerun: every step picks up where the crash left it
+    assert clickhouse_state(ctx) == expected, what
+    assert clickhouse_state(ctx)[0] == gold_state(ctx)
