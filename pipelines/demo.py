@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines import fixtures, jobs, synthetic
+from pipelines.eventlog import PIPELINE_EVENTS
 from pipelines.runner import Context
 from pipelines.sinks import clickhouse
 from pipelines.tables import (
@@ -112,6 +113,9 @@ def summary(ctx: Context) -> dict[str, Any]:
             f"SELECT count() FROM (SELECT 1 FROM {db}.{clickhouse.PROPERTY_VALUES_TABLE} "
             "GROUP BY team_id, property_type, property_key, property_value, window_start)",
         )[0][0]
+    exports = store.read(PIPELINE_EVENTS).where("job = 'export.clickhouse' AND status = 'ok'").collect()
+    corrections = int(sum((r["metrics"] or {}).get("late_corrections", 0) for r in exports))
+    gated = int(exports[-1]["metrics"].get("gated", 0)) if exports else 0
     events_in = rows[BRONZE_EVENTS.key]
     changes_in = rows[BRONZE_PAGE_CHANGES.key]
     changes_out = rows[SILVER_PAGE_CHANGES.key]
@@ -121,6 +125,9 @@ def summary(ctx: Context) -> dict[str, Any]:
         "clickhouse_tuple_windows": int(ch_tuples),
         "clickhouse_count_sum": int(ch_sum),
         "gold_count_sum": int(gold_sum),
+        "tuples_fanned_out": int(gold_sum),
+        "late_corrections": corrections,
+        "gated": gated,
         "page_changes_in": changes_in,
         "page_changes_out": changes_out,
         "page_changes_deduplicated": changes_in - changes_out,
