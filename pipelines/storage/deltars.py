@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction, write_deltalake
@@ -73,37 +73,29 @@ class DeltaRsStore(TableStore):
         return True
 
     def append(self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = (), read_version: int | None = None) -> int:
-        table = self.to_arrow(spec, data)
         target: str | DeltaTable = self.path(spec)
         if read_version is not None:
             # Writing through a snapshot makes delta-rs check later commits for the same app ids.
             target = DeltaTable(self.path(spec), version=read_version, storage_options=self.storage_options or None)
+        return self._write(spec, data, txns, "append", target)
+
+    def overwrite(self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = ()) -> int:
+        return self._write(spec, data, txns, "overwrite", self.path(spec))
+
+    def _write(
+        self, spec: TableSpec, data: Data, txns: Sequence[AppTxn], mode: Literal["append", "overwrite"], target: Any
+    ) -> int:
         try:
             write_deltalake(
                 target,
-                table,
-                mode="append",
+                self.to_arrow(spec, data),
+                mode=mode,
                 partition_by=list(spec.partition_by) or None,
                 storage_options=self.storage_options or None,
-                commit_properties=_commit_properties(txns, "append"),
+                commit_properties=_commit_properties(txns, mode),
             )
         except CommitFailedError as exc:
-            raise CommitConflictError(f"append to {spec.key} conflicted: {exc}") from exc
-        return self._table(spec).version()
-
-    def overwrite(self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = ()) -> int:
-        table = self.to_arrow(spec, data)
-        try:
-            write_deltalake(
-                self.path(spec),
-                table,
-                mode="overwrite",
-                partition_by=list(spec.partition_by) or None,
-                storage_options=self.storage_options or None,
-                commit_properties=_commit_properties(txns, "overwrite"),
-            )
-        except CommitFailedError as exc:
-            raise CommitConflictError(f"overwrite of {spec.key} conflicted: {exc}") from exc
+            raise CommitConflictError(f"{mode} of {spec.key} conflicted: {exc}") from exc
         return self._table(spec).version()
 
     def merge(

@@ -113,20 +113,17 @@ class DeltaSparkStore(TableStore):
         # Delta reads the app id's version inside the write's own transaction, so a concurrent
         # commit of the same app id fails with ConcurrentTransactionException; read_version adds
         # nothing here.
-        txn = _one_txn(txns)
-        writer = self._df(spec, data).write.format("delta").mode("append")
-        if txn is not None:
-            writer = writer.option("txnAppId", txn.app_id).option("txnVersion", txn.version)
-        with self._conflicts(f"append to {spec.key}"):
-            writer.save(self.path(spec))
-        return self._version(spec)
+        return self._write(spec, data, txns, "append")
 
     def overwrite(self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = ()) -> int:
+        return self._write(spec, data, txns, "overwrite")
+
+    def _write(self, spec: TableSpec, data: Data, txns: Sequence[AppTxn], mode: str) -> int:
         txn = _one_txn(txns)
-        writer = self._df(spec, data).write.format("delta").mode("overwrite")
+        writer = self._df(spec, data).write.format("delta").mode(mode)
         if txn is not None:
             writer = writer.option("txnAppId", txn.app_id).option("txnVersion", txn.version)
-        with self._conflicts(f"overwrite of {spec.key}"):
+        with self._conflicts(f"{mode} of {spec.key}"):
             writer.save(self.path(spec))
         return self._version(spec)
 
