@@ -6,7 +6,6 @@ into partial counts (stage 1), merges them (stage 2) and exports count differenc
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -38,7 +37,7 @@ from pipelines.runner import Context, app_id, append_once, pending, run_job
 from pipelines.sinks import clickhouse
 from pipelines.sources import kafka
 from pipelines.sources.files import FileBatch, landing_table, read_records
-from pipelines.storage import AppTxn, TableSpec
+from pipelines.storage import AppTxn
 from pipelines.tables import (
     BRONZE_EVENTS,
     BRONZE_PAGE_CHANGES,
@@ -257,7 +256,7 @@ def silver_page_changes(ctx: Context, drain: bool = False) -> RunRecord:
     cfg = ctx.settings.page_changes
     app = app_id("silver.page_changes", BRONZE_PAGE_CHANGES)
 
-    def publish(record: RunRecord) -> int:
+    def publish() -> int:
         state_seq = ctx.store.txn_version(SILVER_PAGE_CHANGE_STATE, app)
         out_seq = ctx.store.txn_version(SILVER_PAGE_CHANGES, app)
         if state_seq is None or (out_seq is not None and out_seq >= state_seq):
@@ -270,7 +269,7 @@ def silver_page_changes(ctx: Context, drain: bool = False) -> RunRecord:
     def body(record: RunRecord) -> None:
         for spec in (SILVER_PAGE_CHANGES, SILVER_PAGE_CHANGE_STATE):
             ctx.store.ensure(spec)
-        recovered = publish(record)
+        recovered = publish()
         if recovered:
             record.add(recovered_outbox_rows=recovered)
             ctx.say(f"silver/page_changes: published {recovered:,} rows a stopped run had left in its outbox")
@@ -332,7 +331,7 @@ def silver_page_changes(ctx: Context, drain: bool = False) -> RunRecord:
         for df in cached:
             df.unpersist()
         ctx.store.overwrite(SILVER_PAGE_CHANGE_STATE, full_state, [AppTxn(app, seq + 1)])
-        publish(record)
+        publish()
         n_final = int(finalized["n"] or 0) if finalized else 0
         stale = int(finalized["stale"] or 0) if finalized else 0
         buffered_events = sum(1 for k in new_state["kind"].to_pylist() if k == "event")
@@ -523,12 +522,3 @@ def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:
 
 def _token(seq: int, chunk: int) -> str:
     return f"medallion:{GOLD_PROPERTY_VALUES.key}:batch{seq}:c{chunk}"
-
-
-def ensure_all(ctx: Context, specs: Sequence[TableSpec]) -> None:
-    for spec in specs:
-        ctx.store.ensure(spec)
-
-
-def describe(record: RunRecord) -> str:
-    return json.dumps({"job": record.job, "status": record.status, "in": record.rows_in, "out": record.rows_out})
