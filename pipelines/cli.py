@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import signal
 import sys
@@ -19,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pipelines.errors import MedallionError, SettingsError
-from pipelines.settings import Settings, load_settings
+from pipelines.settings import Settings, env_name, load_settings
 
 # Piped output (CI logs, files) gets wide tables instead of truncated cells.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
@@ -74,8 +75,17 @@ def say_step(message: str) -> None:
 @click.option("--verbose", "-v", is_flag=True, help="Show tracebacks and the pipeline's debug log.")
 @click.option("--lake-root", metavar="PATH", help="Override MEDALLION_LAKE_ROOT.")
 @click.option("--engine", type=click.Choice(["delta-rs", "delta-spark"]), help="Override MEDALLION_DELTA_ENGINE.")
+@click.option(
+    "--set",
+    "assignments",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override any setting by its config key, e.g. --set kafka.group_id=pods (repeatable).",
+)
 @click.pass_context
-def cli(ctx: click.Context, verbose: bool, lake_root: str | None, engine: str | None) -> None:
+def cli(
+    ctx: click.Context, verbose: bool, lake_root: str | None, engine: str | None, assignments: tuple[str, ...]
+) -> None:
     """A Delta Lake medallion pipeline on Apache Spark.
 
     Bronze lands Kafka events, page changes and remote-write samples exactly once; silver buckets
@@ -85,6 +95,7 @@ def cli(ctx: click.Context, verbose: bool, lake_root: str | None, engine: str | 
     Settings come from MEDALLION_* variables, a .env file or the file named by MEDALLION_CONFIG;
     `medallion settings` shows them.
     """
+    apply_assignments(assignments)
     overrides: dict[str, Any] = {}
     if lake_root:
         overrides["lake_root"] = lake_root
@@ -94,6 +105,22 @@ def cli(ctx: click.Context, verbose: bool, lake_root: str | None, engine: str | 
         level=logging.DEBUG if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
     ctx.obj = State(verbose, overrides)
+
+
+def apply_assignments(assignments: Sequence[str]) -> None:
+    """``--set a.b=v`` -> the environment variable ``MEDALLION_A__B=v``.
+
+    The environment is what settings already read, so an override merges into its section like
+    any variable would, and an error names the same variable.
+    """
+    for item in assignments:
+        key, sep, value = item.partition("=")
+        parts = [p.strip() for p in key.split(".")]
+        if not sep or not all(parts):
+            raise click.BadParameter(
+                f"{item!r} is not KEY=VALUE (a config key such as kafka.group_id)", param_hint="--set"
+            )
+        os.environ[env_name(tuple(parts))] = value
 
 
 # -- demo ---------------------------------------------------------------------------------------
