@@ -17,21 +17,19 @@ from datetime import datetime, timedelta
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType, TimestampType
+from pyspark.sql.types import BooleanType, LongType, StructField, StructType
 
-from gold.property_values import TUPLE, WINDOW_START
+from gold.property_values import KEY_FIELDS, TUPLE, WINDOW_START
 
 EXPORT_KEY = (*TUPLE, WINDOW_START)
 EXPORT_COLUMNS = (*EXPORT_KEY, "count")
 
 #: What was exported so far, one row per tuple and window.
+_TUPLE_WINDOW = [f for f in KEY_FIELDS if f.name != "bucket"]
+
 EXPORTED_SCHEMA = StructType(
     [
-        StructField("team_id", LongType()),
-        StructField("property_type", StringType()),
-        StructField("property_key", StringType()),
-        StructField("property_value", StringType()),
-        StructField(WINDOW_START, TimestampType()),
+        *_TUPLE_WINDOW,
         StructField("exported_count", LongType()),
         StructField("export_seq", LongType()),
     ]
@@ -40,11 +38,7 @@ EXPORTED_SCHEMA = StructType(
 OUTBOX_SCHEMA = StructType(
     [
         StructField("export_seq", LongType()),
-        StructField("team_id", LongType()),
-        StructField("property_type", StringType()),
-        StructField("property_key", StringType()),
-        StructField("property_value", StringType()),
-        StructField(WINDOW_START, TimestampType()),
+        *_TUPLE_WINDOW,
         StructField("count", LongType()),  # what this batch adds in ClickHouse
         StructField("total", LongType()),  # the gold count it brings ClickHouse to
         StructField("correction", BooleanType()),  # the window was exported before

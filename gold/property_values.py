@@ -20,33 +20,24 @@ TUPLE = ("team_id", "property_type", "property_key", "property_value")
 WINDOW_START = "window_start"
 SKIP_REASON = "skip_reason"
 
+#: A tuple in a window, with the team's bucket (the partition column) after the team.
+KEY_FIELDS = [
+    StructField("team_id", LongType()),
+    StructField("bucket", IntegerType()),
+    StructField("property_type", StringType()),
+    StructField("property_key", StringType()),
+    StructField("property_value", StringType()),
+    StructField(WINDOW_START, TimestampType()),
+]
+COUNT_FIELDS = [
+    StructField("count", LongType()),
+    StructField("max_event_time", TimestampType()),  # newest event counted: drives the watermark
+]
 PARTIALS_SCHEMA = StructType(
-    [
-        StructField("team_id", LongType()),
-        StructField("bucket", IntegerType()),
-        StructField("property_type", StringType()),
-        StructField("property_key", StringType()),
-        StructField("property_value", StringType()),
-        StructField(WINDOW_START, TimestampType()),
-        StructField("count", LongType()),
-        StructField("max_event_time", TimestampType()),
-        StructField("batch_id", StringType()),
-        StructField("created_at", TimestampType()),
-    ]
+    [*KEY_FIELDS, *COUNT_FIELDS, StructField("batch_id", StringType()), StructField("created_at", TimestampType())]
 )
 PROPERTY_VALUES_SCHEMA = StructType(
-    [
-        StructField("team_id", LongType()),
-        StructField("bucket", IntegerType()),
-        StructField("property_type", StringType()),
-        StructField("property_key", StringType()),
-        StructField("property_value", StringType()),
-        StructField(WINDOW_START, TimestampType()),
-        StructField("count", LongType()),
-        StructField("max_event_time", TimestampType()),  # newest event counted: drives the watermark
-        StructField("first_seen", TimestampType()),
-        StructField("last_seen", TimestampType()),
-    ]
+    [*KEY_FIELDS, *COUNT_FIELDS, StructField("first_seen", TimestampType()), StructField("last_seen", TimestampType())]
 )
 #: Columns that identify one gold row: a tuple in a window (bucket follows from team).
 GOLD_KEY = (*TUPLE, WINDOW_START)
