@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
 from bronze.landing import (
+    INTEGER_TYPES,
     LANDING_COLUMNS,
     LANDING_FIELDS,
     PARSED,
@@ -29,7 +30,6 @@ from bronze.landing import (
 KIND = "events"
 REQUIRED_STRINGS = ("uuid", "event", "distinct_id", "timestamp")
 UUID_PATTERN = r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$"
-INTEGER_TYPES = ("TINYINT", "SMALLINT", "INT", "BIGINT")
 
 EVENT_FIELDS = [
     StructField("uuid", StringType()),

@@ -25,6 +25,8 @@ VALUE = "value"
 RAW = "raw"
 REASON = "reason"
 PARSED = "_v"
+#: Variant type names of a JSON integer (what ``schema_of_variant`` says for one).
+INTEGER_TYPES = ("TINYINT", "SMALLINT", "INT", "BIGINT")
 
 LANDING_FIELDS = [
     StructField("source", StringType()),  # kafka | file

@@ -13,6 +13,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
 from bronze.landing import (
+    INTEGER_TYPES,
     LANDING_COLUMNS,
     LANDING_FIELDS,
     PARSED,
@@ -26,7 +27,6 @@ from bronze.landing import (
 
 KIND = "page_changes"
 PAGE_CHANGE_KINDS = ("create", "edit", "move", "delete", "undelete", "visibility_change")
-INTEGER_TYPES = ("TINYINT", "SMALLINT", "INT", "BIGINT")
 
 PAGE_CHANGE_FIELDS = [
     StructField("wiki_id", StringType()),

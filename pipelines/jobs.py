@@ -68,6 +68,16 @@ KINDS = {
 }
 
 
+def parse_landing(ctx: Context, kind: str, landing: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """Landing rows -> (rows for the bronze table of ``kind``, rows for the quarantine), one parse."""
+    _, parser, columns = KINDS[kind]
+    parsed = ctx.spark.createDataFrame(landing).transform(parser(ctx.settings.kafka.max_message_bytes)).persist()
+    try:
+        return valid(parsed, columns).toArrow(), quarantined(parsed, kind).toArrow()
+    finally:
+        parsed.unpersist()
+
+
 def bucket_mapping(ctx: Context) -> BucketMapping:
     """The mapping file named in settings, or hash-only buckets when none is set."""
     cfg = ctx.settings.buckets
@@ -92,8 +102,7 @@ def ingest_files(ctx: Context, kind: str, paths: Sequence[Path]) -> RunRecord:
     """Land JSON-lines / JSON-array files into bronze, idempotently per file content."""
     if kind not in KINDS:
         raise InputError(f"unknown kind {kind!r}: use one of {', '.join(KINDS)}")
-    target, parser, columns = KINDS[kind]
-    max_bytes = ctx.settings.kafka.max_message_bytes
+    target = KINDS[kind][0]
 
     def body(record: RunRecord) -> None:
         for spec in (target, BRONZE_QUARANTINE):
@@ -115,10 +124,7 @@ def ingest_files(ctx: Context, kind: str, paths: Sequence[Path]) -> RunRecord:
             record.noop("every file was landed before")
             return
         landing = landing_table([b for b, _ in files], now)
-        parsed = ctx.spark.createDataFrame(landing).transform(parser(max_bytes)).persist()
-        good = valid(parsed, columns).toArrow()
-        bad = quarantined(parsed, kind).toArrow()
-        parsed.unpersist()
+        good, bad = parse_landing(ctx, kind, landing)
         for batch, txn in files:
             name = str(batch.path)
             append_once(ctx.store, BRONZE_QUARANTINE, bad.filter(pc.equal(bad["source_file"], name)), txn)
@@ -160,7 +166,6 @@ def ingest_kafka(
     """Consume the topics as one member of the consumer group, landing each flush exactly once."""
     kinds = topic_kinds(ctx, topics)
     group = ctx.settings.kafka.group_id
-    max_bytes = ctx.settings.kafka.max_message_bytes
     for kind in set(kinds.values()):
         ctx.store.ensure(KINDS[kind][0])
     ctx.store.ensure(BRONZE_QUARANTINE)
@@ -173,12 +178,8 @@ def ingest_kafka(
             result = kafka.FlushResult()
             now = datetime.now(UTC)
             for topic, messages in by_topic.items():
-                target, parser, columns = KINDS[kinds[topic]]
-                landing = kafka.landing_rows(messages, batch_id, now)
-                parsed = ctx.spark.createDataFrame(landing).transform(parser(max_bytes)).persist()
-                good = valid(parsed, columns).toArrow()
-                bad = quarantined(parsed, kinds[topic]).toArrow()
-                parsed.unpersist()
+                target = KINDS[kinds[topic]][0]
+                good, bad = parse_landing(ctx, kinds[topic], kafka.landing_rows(messages, batch_id, now))
                 last = kafka.last_offsets(messages)
                 kafka.write_partitions_once(ctx.store, BRONZE_QUARANTINE, bad, last, group)
                 landed = kafka.write_partitions_once(ctx.store, target, good, last, group)
@@ -288,10 +289,12 @@ def silver_page_changes(ctx: Context, drain: bool = False) -> RunRecord:
             return
         end = latest if has_new else done
         new = ctx.store.read_inserted(BRONZE_PAGE_CHANGES, start, end).select(*EVENT_COLUMNS) if has_new else None
-        n_in = new.count() if new is not None else 0
-        if new is not None and n_in:
-            batch_max = new.agg(F.max("event_time")).first()[0]  # type: ignore[index]
-            max_seen = batch_max if max_seen is None else max(max_seen, batch_max)
+        n_in = 0
+        if new is not None:
+            seen = new.agg(F.count(F.lit(1)).alias("n"), F.max("event_time").alias("t")).first()
+            n_in, batch_max = (int(seen["n"]), seen["t"]) if seen else (0, None)
+            if batch_max is not None:
+                max_seen = batch_max if max_seen is None else max(max_seen, batch_max)
         watermark = None if drain or max_seen is None else max_seen - cfg.allowed_lateness
         events = buffered if new is None else buffered.unionByName(new)
         last = state.where("kind = 'key'").select(
@@ -334,20 +337,9 @@ def silver_page_changes(ctx: Context, drain: bool = False) -> RunRecord:
         publish()
         n_final = int(finalized["n"] or 0) if finalized else 0
         stale = int(finalized["stale"] or 0) if finalized else 0
-        buffered_events = sum(1 for k in new_state["kind"].to_pylist() if k == "event")
-        open_windows = len(
-            {
-                (w, p, t)
-                for k, w, p, t in zip(
-                    new_state["kind"].to_pylist(),
-                    new_state["wiki_id"].to_pylist(),
-                    new_state["page_id"].to_pylist(),
-                    new_state["window_start"].to_pylist(),
-                    strict=True,
-                )
-                if k == "event"
-            }
-        )
+        open_events = new_state.filter(pc.equal(new_state["kind"], "event"))
+        buffered_events = open_events.num_rows
+        open_windows = open_events.group_by(["wiki_id", "page_id", "window_start"]).aggregate([]).num_rows
         record.rows_in, record.rows_out = n_in, emitted.num_rows
         record.add(
             input_events=n_in,
