@@ -22,6 +22,7 @@ from pyspark.sql.types import BooleanType, LongType, StructField, StructType
 from gold.property_values import KEY_FIELDS, TUPLE, WINDOW_START
 
 EXPORT_KEY = (*TUPLE, WINDOW_START)
+EXPORT_DATASET = "clickhouse/property_values"  # what the export's quality suite is named by
 EXPORT_COLUMNS = (*EXPORT_KEY, "count")
 
 #: What was exported so far, one row per tuple and window.

@@ -19,6 +19,8 @@ from pyspark.sql.types import IntegerType, LongType, StringType, StructField, St
 TUPLE = ("team_id", "property_type", "property_key", "property_value")
 WINDOW_START = "window_start"
 SKIP_REASON = "skip_reason"
+GROUP_TYPES = 5  # $group_type_index 0..4
+PROPERTY_TYPES = ("event", "person", *(f"group_{i}" for i in range(GROUP_TYPES)))
 
 #: A tuple in a window, with the team's bucket (the partition column) after the team.
 KEY_FIELDS = [
@@ -73,7 +75,7 @@ def fan_out(rules: FanoutRules) -> Callable[[DataFrame], DataFrame]:
         props = F.try_parse_json(F.col("properties"))
         person = F.try_parse_json(F.col("person_properties"))
         group_index = F.try_variant_get(props, "$['$group_type_index']", "int")
-        is_group = (F.col("event") == "$groupidentify") & group_index.between(0, 4)
+        is_group = (F.col("event") == "$groupidentify") & group_index.between(0, GROUP_TYPES - 1)
         group_type = F.concat(F.lit("group_"), group_index.cast("string"))
         all_entries = F.concat(
             _tagged(_entries(props), "event"),

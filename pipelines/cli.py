@@ -59,6 +59,10 @@ class State:
         from pipelines.storage import open_store
 
         settings = self.settings
+        if settings.quality.enabled:
+            from pipelines.quality import preload
+
+            preload()
         say_step("starting Spark")
         spark = build_spark(settings)
         return Context(settings=settings, spark=spark, store=open_store(settings, spark), say=say_step)
@@ -507,6 +511,85 @@ def status(state: State, runs: int) -> None:
             shown,
         )
     console.print(r)
+    print_quality(ctx)
+
+
+def print_quality(ctx: Any) -> None:
+    """The latest result of every expectation, per table: the quality at a glance."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from pipelines.eventlog import EXPECTATION_RESULTS
+
+    if ctx.store.version(EXPECTATION_RESULTS) is None:
+        return
+    latest = Window.partitionBy("dataset", "expectation").orderBy(F.col("validated_at").desc())
+    rows = (
+        ctx.store.read(EXPECTATION_RESULTS)
+        .withColumn("_n", F.row_number().over(latest))
+        .where("_n = 1")
+        .orderBy("dataset", "expectation")
+        .collect()
+    )
+    print_results(rows, title="Latest data quality (per expectation, newest result)")
+
+
+OUTCOME_STYLE = {"passed": "green", "warned": "yellow", "dropped": "yellow", "failed": "bold red"}
+
+
+def print_results(rows: Sequence[Any], title: str) -> None:
+    t = Table(title=title, title_justify="left")
+    for col in ("table", "expectation", "policy", "checked", "failed", "outcome", "when", "observed"):
+        t.add_column(col, justify="right" if col in ("checked", "failed") else "left")
+    for row in rows:
+        r = row if isinstance(row, dict) else row.asDict()
+        when = r.get("validated_at")
+        t.add_row(
+            r["dataset"],
+            r["expectation"],
+            r["policy"],
+            "-" if r["rows_checked"] is None else f"{r['rows_checked']:,}",
+            "-" if r["rows_failed"] is None else f"{r['rows_failed']:,}",
+            f"[{OUTCOME_STYLE.get(r['outcome'], '')}]{r['outcome']}[/]",
+            when.strftime("%Y-%m-%d %H:%M:%S") if when else "now",
+            r.get("observed") or "",
+        )
+    console.print(t)
+
+
+@cli.command()
+@click.argument("tables", nargs=-1, metavar="[TABLE]...")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.pass_obj
+def validate(state: State, tables: tuple[str, ...], as_json: bool) -> None:
+    """Validate whole tables with their expectation suites (all of them when none is named).
+
+    Cross-table figures are checked too (gold against partials and the silver fan-out,
+    ClickHouse against what was exported). Exits 1 when a `fail` expectation does not hold.
+    """
+    from pipelines import quality
+    from pipelines.eventlog import recorded
+
+    ctx = state.context()
+    quality.check_policies(ctx)
+    with recorded(ctx.store, "validate", ctx.run_id) as record:
+        checked = quality.validate_tables(ctx, record, list(tables))
+        failed = [r for c in checked if c.validation for r in c.validation.failed]
+        record.rows_in = len(checked)
+        record.add(failed_expectations=len(failed))
+        if failed:
+            record.status = "failed"
+            record.details = "; ".join(f"{r.dataset}:{r.expectation}" for r in failed)
+    results = [r.as_row() for c in checked if c.validation for r in c.validation.results]
+    if as_json:
+        click.echo(json.dumps({"results": results, "notes": {c.table: c.note for c in checked if c.note}}, indent=2))
+    else:
+        print_results(results, title=f"Validation of {len(checked)} table(s)")
+        for c in checked:
+            if c.note:
+                console.print(f"[dim]{c.table}: {c.note}[/]")
+    if failed:
+        raise click.exceptions.Exit(1)
 
 
 def print_buckets(ctx: Any) -> None:
@@ -651,7 +734,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     verbose = "-v" in args or "--verbose" in args
     try:
-        cli.main(args=args, prog_name="medallion", standalone_mode=False)
+        code = cli.main(args=args, prog_name="medallion", standalone_mode=False)
+        if isinstance(code, int) and code:  # a command ended with click.exceptions.Exit(code)
+            sys.exit(code)
     except click.exceptions.Abort:
         err_console.print("aborted")
         sys.exit(130)

@@ -1,7 +1,9 @@
 """The pipeline event log (``_meta/pipeline_events``), in the spirit of Lakeflow's event log.
 
 Every job run appends one row: what ran, when, how it ended, rows in and out, and a map of
-metrics. ``medallion status`` reads it back.
+metrics. The data-quality results of the run (one row per expectation: rows checked, rows failed,
+policy, outcome) go to ``_meta/expectation_results`` under the same run id. ``medallion status``
+reads both back.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import logging
 import time
 import traceback
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -47,6 +49,29 @@ PIPELINE_EVENTS_SCHEMA = StructType(
 )
 PIPELINE_EVENTS = TableSpec("_meta", "pipeline_events", PIPELINE_EVENTS_SCHEMA, description="one row per job run")
 
+EXPECTATION_RESULTS_SCHEMA = StructType(
+    [
+        StructField("run_id", StringType()),
+        StructField("job", StringType()),
+        StructField("validated_at", TimestampType()),
+        StructField("dataset", StringType()),  # the table (layer/name) validated
+        StructField("expectation", StringType()),
+        StructField("policy", StringType()),  # warn | drop | fail
+        StructField("kind", StringType()),  # row | batch | figures
+        StructField("rows_checked", LongType()),
+        StructField("rows_failed", LongType()),
+        StructField("outcome", StringType()),  # passed | warned | dropped | failed
+        StructField("observed", StringType()),
+        StructField("description", StringType()),
+    ]
+)
+EXPECTATION_RESULTS = TableSpec(
+    "_meta",
+    "expectation_results",
+    EXPECTATION_RESULTS_SCHEMA,
+    description="data-quality results: one row per expectation per validated batch or table",
+)
+
 
 @dataclass
 class RunRecord:
@@ -58,6 +83,7 @@ class RunRecord:
     metrics: dict[str, float] = field(default_factory=dict)
     details: str | None = None
     status: str = "ok"
+    quality: list[dict[str, Any]] = field(default_factory=list)  # expectation results, see EXPECTATION_RESULTS
 
     def add(self, **metrics: float | int) -> None:
         for key, value in metrics.items():
@@ -110,5 +136,15 @@ def recorded(store: TableStore, job: str, run_id: str) -> Iterator[RunRecord]:
         }
         try:
             append_events(store, [row])
+            if record.quality:
+                append_results(store, run_id, job, record.quality)
         except Exception:  # the log must never hide the job's own outcome
             log.exception("could not write the event log row for %s", job)
+
+
+def append_results(store: TableStore, run_id: str, job: str, results: Sequence[Mapping[str, Any]]) -> None:
+    """Append expectation results (dicts with the result fields) under ``run_id``."""
+    store.ensure(EXPECTATION_RESULTS)
+    now = datetime.now(UTC)
+    rows = [{**r, "run_id": run_id, "job": job, "validated_at": r.get("validated_at") or now} for r in results]
+    store.append(EXPECTATION_RESULTS, pa.Table.from_pylist(rows, schema=EXPECTATION_RESULTS.arrow_schema))

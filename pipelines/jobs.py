@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 from bronze.events import BRONZE_EVENTS_COLUMNS, parse_events
 from bronze.landing import quarantined, valid
 from bronze.page_changes import BRONZE_PAGE_CHANGES_COLUMNS, parse_page_changes
-from gold.export import EXPORT_COLUMNS, export_batch, watermark
+from gold.export import EXPORT_COLUMNS, EXPORT_DATASET, export_batch, watermark
 from gold.property_values import (
     MERGE_ON,
     MERGE_UPDATE,
@@ -31,6 +31,7 @@ from gold.property_values import (
     partials,
     skip_counts,
 )
+from pipelines import quality
 from pipelines.errors import InputError, SettingsError
 from pipelines.eventlog import RunRecord
 from pipelines.runner import Context, app_id, append_once, pending, run_job
@@ -68,12 +69,22 @@ KINDS = {
 }
 
 
-def parse_landing(ctx: Context, kind: str, landing: pa.Table) -> tuple[pa.Table, pa.Table]:
-    """Landing rows -> (rows for the bronze table of ``kind``, rows for the quarantine), one parse."""
-    _, parser, columns = KINDS[kind]
+def parse_landing(ctx: Context, record: RunRecord, kind: str, landing: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """Landing rows -> (rows for the bronze table of ``kind``, rows for the quarantine), one parse.
+
+    The parsed rows are validated with the bronze table's suite; rows a ``drop`` expectation
+    removes join the quarantine rows, so both land in the same commits as the batch.
+    """
+    target, parser, columns = KINDS[kind]
     parsed = ctx.spark.createDataFrame(landing).transform(parser(ctx.settings.kafka.max_message_bytes)).persist()
     try:
-        return valid(parsed, columns).toArrow(), quarantined(parsed, kind).toArrow()
+        good, bad = valid(parsed, columns), quarantined(parsed, kind)
+        if quality.enabled(ctx):
+            checked = quality.run_suite(ctx, record, quality.suite_for(ctx, target.key).for_batches(), good)
+            good = checked.kept
+            if checked.dropped is not None:
+                bad = bad.unionByName(quality.to_quarantine(checked.dropped, kind))
+        return good.toArrow(), bad.toArrow()
     finally:
         parsed.unpersist()
 
@@ -124,7 +135,7 @@ def ingest_files(ctx: Context, kind: str, paths: Sequence[Path]) -> RunRecord:
             record.noop("every file was landed before")
             return
         landing = landing_table([b for b, _ in files], now)
-        good, bad = parse_landing(ctx, kind, landing)
+        good, bad = parse_landing(ctx, record, kind, landing)
         for batch, txn in files:
             name = str(batch.path)
             append_once(ctx.store, BRONZE_QUARANTINE, bad.filter(pc.equal(bad["source_file"], name)), txn)
@@ -179,7 +190,7 @@ def ingest_kafka(
             now = datetime.now(UTC)
             for topic, messages in by_topic.items():
                 target = KINDS[kinds[topic]][0]
-                good, bad = parse_landing(ctx, kinds[topic], kafka.landing_rows(messages, batch_id, now))
+                good, bad = parse_landing(ctx, record, kinds[topic], kafka.landing_rows(messages, batch_id, now))
                 last = kafka.last_offsets(messages)
                 kafka.write_partitions_once(ctx.store, BRONZE_QUARANTINE, bad, last, group)
                 landed = kafka.write_partitions_once(ctx.store, target, good, last, group)
@@ -224,7 +235,9 @@ def silver_events(ctx: Context, buckets: Sequence[int] | None = None) -> RunReco
         if inc is None:
             record.noop("no new bronze events")
             return
-        out = _in_buckets(inc.read(ctx.store).transform(to_silver_events(mapping)), buckets).toArrow()
+        batch = _in_buckets(inc.read(ctx.store).transform(to_silver_events(mapping)), buckets).persist()
+        out = quality.gate(ctx, record, SILVER_EVENTS.key, batch, inc.txn).toArrow()
+        batch.unpersist()
         ctx.store.append(SILVER_EVENTS, out, [inc.txn])
         record.rows_in = record.rows_out = out.num_rows
         per_bucket = pc.value_counts(out["bucket"]).to_pylist() if out.num_rows else []
@@ -308,7 +321,7 @@ def silver_page_changes(ctx: Context, drain: bool = False) -> RunRecord:
             .agg(F.count(F.lit(1)).alias("n"), F.sum(F.col("_stale").cast("int")).alias("stale"))
             .first()
         )
-        emitted = result.emitted.toArrow()
+        emitted = quality.gate(ctx, record, SILVER_PAGE_CHANGES.key, result.emitted, AppTxn(app, seq + 1)).toArrow()
         new_state = (
             result.buffered.withColumn("kind", F.lit("event"))
             .unionByName(
@@ -379,13 +392,14 @@ def gold_partials(ctx: Context, buckets: Sequence[int] | None = None) -> RunReco
             return
         events = _in_buckets(inc.read(ctx.store), buckets).persist()
         tuples = events.transform(fan_out(fanout_rules(ctx))).persist()
-        out = tuples.transform(partials(ctx.settings.gold.window)).toArrow()
         reasons = {r["reason"]: r["count"] for r in skip_counts(tuples).collect()}
-        n_events = events.count()
-        tuples.unpersist()
-        events.unpersist()
-        ctx.store.append(GOLD_PARTIALS, out, [inc.txn])
         counted = reasons.pop("counted", 0)
+        batch = tuples.transform(partials(ctx.settings.gold.window)).persist()
+        out = quality.gate(ctx, record, GOLD_PARTIALS.key, batch, inc.txn, tuples=counted).toArrow()
+        n_events = events.count()
+        for df in (batch, tuples, events):
+            df.unpersist()
+        ctx.store.append(GOLD_PARTIALS, out, [inc.txn])
         record.rows_in, record.rows_out = n_events, out.num_rows
         record.add(input_events=n_events, tuples=counted, partial_rows=out.num_rows)
         record.add(**{f"skipped.{k}": v for k, v in reasons.items()})
@@ -403,10 +417,13 @@ def gold_merge(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
         if inc is None:
             record.noop("no new partials")
             return
-        parts = _in_buckets(inc.read(ctx.store), buckets)
-        source = parts.transform(merge_source()).toArrow()
+        parts = _in_buckets(inc.read(ctx.store), buckets).persist()
+        batch = parts.transform(merge_source()).persist()
+        source = quality.gate(ctx, record, GOLD_PROPERTY_VALUES.key, batch, inc.txn).toArrow()
         ctx.store.merge(GOLD_PROPERTY_VALUES, source, on=MERGE_ON, update=MERGE_UPDATE, txns=[inc.txn])
         record.rows_in = int(parts.count())
+        batch.unpersist()
+        parts.unpersist()
         record.rows_out = source.num_rows
         record.add(partial_rows=record.rows_in, merged_rows=source.num_rows)
         ctx.say(f"gold stage 2: {record.rows_in:,} partial rows merged as {source.num_rows:,} rows")
@@ -489,8 +506,8 @@ def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:
         exported = ctx.store.read(GOLD_EXPORTED)
         batch = gold.transform(export_batch(exported, g.window, closed_before, g.min_export_count)).persist()
         gated = batch.where("_gated").count()
-        to_send = batch.where("NOT _gated").drop("_gated")
         seq = out_seq + 1
+        to_send = quality.gate(ctx, record, EXPORT_DATASET, batch.where("NOT _gated").drop("_gated"), AppTxn(app, seq))
         rows = to_send.withColumn("export_seq", F.lit(seq).cast("long")).toArrow()
         batch.unpersist()
         gold.unpersist()

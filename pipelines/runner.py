@@ -103,6 +103,7 @@ def run_job(ctx: Context, job: str, body: Callable[[RunRecord], None]) -> RunRec
         def attempt() -> None:
             record.rows_in = record.rows_out = 0
             record.metrics.clear()
+            record.quality.clear()
             body(record)
 
         with_conflict_retries(attempt, job)

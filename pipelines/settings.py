@@ -189,6 +189,22 @@ class RemoteWriteSettings(_Section):
     flush_max_rows: int = Field(default=500_000, ge=1)
 
 
+class QualitySettings(_Section):
+    enabled: bool = Field(default=True, description="validate every batch with its table's suite before writing it")
+    policies: dict[str, Literal["warn", "drop", "fail"]] = Field(
+        default_factory=dict,
+        description='"<table>" or "<table>:<expectation>" -> warn | drop | fail, as a JSON object',
+    )
+
+    @field_validator("policies")
+    @classmethod
+    def _keys(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if not re.match(r"^[a-z_]+/[a-z_]+(:[a-z0-9_]+)?$", key):
+                raise ValueError(f"{key!r} is not <layer>/<table> or <layer>/<table>:<expectation>")
+        return v
+
+
 def redact_url(url: str) -> str:
     """Hide a password embedded in a URL (``scheme://user:secret@host``)."""
     return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
@@ -219,6 +235,7 @@ class Settings(BaseSettings):
     gold: GoldSettings = Field(default_factory=GoldSettings)
     buckets: BucketSettings = Field(default_factory=BucketSettings)
     remote_write: RemoteWriteSettings = Field(default_factory=RemoteWriteSettings)
+    quality: QualitySettings = Field(default_factory=QualitySettings)
 
     @field_validator("lake_root")
     @classmethod

@@ -14,7 +14,7 @@ from bronze.page_changes import BRONZE_PAGE_CHANGES_SCHEMA
 from bronze.samples import BRONZE_SAMPLES_SCHEMA
 from gold.export import EXPORTED_SCHEMA, OUTBOX_SCHEMA
 from gold.property_values import PARTIALS_SCHEMA, PROPERTY_VALUES_SCHEMA
-from pipelines.eventlog import PIPELINE_EVENTS
+from pipelines.eventlog import EXPECTATION_RESULTS, PIPELINE_EVENTS
 from pipelines.storage import TableSpec
 from silver.events import SILVER_EVENTS_SCHEMA
 from silver.page_changes import PAGE_CHANGE_STATE_SCHEMA, SILVER_PAGE_CHANGES_SCHEMA
@@ -106,6 +106,7 @@ ALL_TABLES: tuple[TableSpec, ...] = (
     GOLD_PROPERTY_VALUES,
     GOLD_EXPORTED,
     PIPELINE_EVENTS,
+    EXPECTATION_RESULTS,
     EXPORT_OUTBOX,
     EXPORTS,
 )

@@ -89,3 +89,10 @@ def insert(client: Any, table: str, data: pa.Table, token: str, database: str = 
 
 def query_rows(client: Any, sql: str) -> list[tuple[Any, ...]]:
     return [tuple(r) for r in client.query(sql).result_rows]
+
+
+def read_property_values(client: Any, database: str = "default") -> pa.Table:
+    """Every row of the property-values table, merged as queries see it (``FINAL``)."""
+    columns = ", ".join(f"`{c}`" for c in PROPERTY_VALUES_COLUMNS)
+    ensure_property_values(client, database)
+    return client.query_arrow(f"SELECT {columns} FROM {database}.{PROPERTY_VALUES_TABLE} FINAL")

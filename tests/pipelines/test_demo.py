@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
 pytestmark = pytest.mark.integration
 
@@ -123,3 +124,56 @@ def test_run_once_is_a_noop_when_up_to_date(lake: Path) -> None:
     out = medallion(lake, "run", "all", "--once")
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("noop") == 5
+
+
+def test_validate_passes_on_the_demo_lake(lake: Path) -> None:
+    out = medallion(lake, "validate", "--json")
+    assert out.returncode == 0, out.stderr + out.stdout
+    results = json.loads(out.stdout)["results"]
+    assert {r["dataset"] for r in results} == {
+        "bronze/events",
+        "bronze/page_changes",
+        "silver/events",
+        "silver/page_changes",
+        "gold/property_value_partials",
+        "gold/property_values",
+        "clickhouse/property_values",
+    }
+    assert [r for r in results if r["outcome"] != "passed"] == []
+    checked = {r["expectation"] for r in results}
+    assert {"partials_equal_fanout", "gold_equals_partials", "clickhouse_equals_exported"} <= checked
+    status = medallion(lake, "status")
+    assert "Latest data quality" in status.stdout and "clickhouse/property_values" in status.stdout
+
+
+def corrupted_copy(lake: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "lakehouse"
+    shutil.copytree(lake, copy, symlinks=True)  # chdb links databases to their store relatively
+    return copy
+
+
+def failed(out: subprocess.CompletedProcess[str]) -> set[str]:
+    return {r["expectation"] for r in json.loads(out.stdout)["results"] if r["outcome"] == "failed"}
+
+
+def test_validate_fails_when_gold_is_corrupted(lake: Path, tmp_path: Path) -> None:
+    copy = corrupted_copy(lake, tmp_path)
+    gold = DeltaTable(str(copy / "gold/property_values"))
+    write_deltalake(gold, gold.to_pyarrow_table().slice(0, 1), mode="append")  # a row written twice
+    out = medallion(copy, "validate", "gold/property_values", "--json")
+    assert out.returncode == 1
+    assert failed(out) == {"one_row_per_tuple_window", "gold_equals_partials"}
+
+
+def test_validate_fails_when_clickhouse_disagrees_with_the_export(lake: Path, tmp_path: Path) -> None:
+    copy = corrupted_copy(lake, tmp_path)
+    insert = (
+        "import clickhouse_connect, sys; c = clickhouse_connect.get_client(dsn=sys.argv[1]); "
+        "c.command(\"INSERT INTO default.property_values VALUES (1, 'event', 'k', 'v', '2020-01-01 00:00:00', 5)\")"
+    )
+    subprocess.run([sys.executable, "-c", insert, f"chdb://{copy / 'clickhouse'}"], check=True, timeout=120)
+    out = medallion(copy, "validate", "clickhouse/property_values", "--json")
+    assert out.returncode == 1
+    assert failed(out) == {"clickhouse_equals_exported", "clickhouse_rows_equal_exported"}
+    human = medallion(copy, "validate", "clickhouse/property_values")
+    assert human.returncode == 1 and "clickhouse_equals_exported" in human.stdout

@@ -1,0 +1,216 @@
+"""Runs a suite through Great Expectations' Spark datasource and turns the results into
+warn / drop / fail outcomes.
+
+One ephemeral GX context per process, one dataframe asset per table. Results are asked for in the
+``BASIC`` format without sample values: counts are what the outcome needs, and each sample list
+costs GX one more Spark job per expectation (failing rows land in the quarantine anyway).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import great_expectations as gx
+import great_expectations.expectations as gxe
+from great_expectations.core.batch_definition import BatchDefinition
+from great_expectations.data_context.types.base import ProgressBarsConfig
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from expectations.core import Check, Suite
+from pipelines.errors import MedallionError
+
+RESULT_FORMAT = {"result_format": "BASIC", "partial_unexpected_count": 0}
+DROPPED_BY = "_expectation"
+
+
+@dataclass(frozen=True)
+class Result:
+    """The outcome of one check on one batch (or table)."""
+
+    dataset: str  # the table validated, layer/name
+    expectation: str
+    policy: str
+    kind: str  # row | batch | figures
+    rows_checked: int | None
+    rows_failed: int | None
+    outcome: str  # passed | warned | dropped | failed
+    observed: str | None
+    description: str
+
+    def as_row(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Validation:
+    """A suite's results on a batch, and the batch split by the ``drop`` checks."""
+
+    suite: Suite
+    results: list[Result]
+    kept: DataFrame
+    dropped: DataFrame | None  # failing rows with the first failed check's name in ``_expectation``
+    seconds: float
+
+    @property
+    def failed(self) -> list[Result]:
+        return [r for r in self.results if r.outcome == "failed"]
+
+    @property
+    def dropped_rows(self) -> int:
+        return sum(r.rows_failed or 0 for r in self.results if r.outcome == "dropped")
+
+    def summary(self) -> str:
+        bad = [r for r in self.results if r.outcome != "passed"]
+        if not bad:
+            return f"{self.suite.table}: {len(self.results)} expectations passed"
+        return f"{self.suite.table}: " + "; ".join(describe(r) for r in bad)
+
+
+class ExpectationFailed(MedallionError):
+    """A ``fail`` expectation did not hold: the run stops before it writes."""
+
+    def __init__(self, validation: Validation) -> None:
+        self.validation = validation
+        lines = [describe(r) for r in validation.failed]
+        super().__init__(f"{validation.suite.table}: expectation failed, nothing written: " + "; ".join(lines))
+
+
+def describe(r: Result) -> str:
+    counted = f"{r.rows_failed:,} of {r.rows_checked:,} rows" if r.rows_failed is not None and r.rows_checked else ""
+    seen = r.observed or counted
+    return f"{r.expectation} ({r.description}) {r.outcome}" + (f": {seen}" if seen else "")
+
+
+@functools.cache
+def _context() -> Any:
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    return context
+
+
+def warm_up() -> None:
+    """Create the GX context ahead of the first validation."""
+    _context()
+
+
+@functools.cache
+def _batch_definition(name: str) -> BatchDefinition:
+    source = _context().data_sources.add_or_update_spark("medallion")
+    return source.add_dataframe_asset(name).add_batch_definition_whole_dataframe("batch")
+
+
+CHECK_META = "medallion_check"
+
+
+def _run_gx(df: DataFrame, checks: list[Check], name: str) -> list[Any]:
+    """GX results in the order of ``checks`` (GX orders results its own way, so each expectation
+    carries its check's name in ``meta``)."""
+    tagged = [c.expectation.copy(update={"meta": {CHECK_META: c.name}}, deep=True) for c in checks]
+    suite = gx.ExpectationSuite(name=name, expectations=tagged)
+    batch = _batch_definition(name).get_batch(batch_parameters={"dataframe": df})
+    results = batch.validate(suite, result_format=RESULT_FORMAT).results
+    by_check = {(r.expectation_config.meta or {})[CHECK_META]: r for r in results if r.expectation_config}
+    return [by_check[c.name] for c in checks]
+
+
+def _counts(check: Check, result: Any, rows: int | None) -> tuple[int | None, int | None, str | None]:
+    """(rows checked, rows failed, observed) from a GX result."""
+    info = result.result or {}
+    if "unexpected_count" in info:
+        return info.get("element_count", rows), int(info["unexpected_count"] or 0), None
+    observed = info.get("observed_value")
+    if isinstance(check.expectation, gxe.UnexpectedRowsExpectation):
+        return rows, int(observed or 0), None
+    return (
+        rows,
+        None,
+        None if observed is None else f"observed {observed:,}" if isinstance(observed, int | float) else str(observed),
+    )
+
+
+def _exception(info: Any) -> str | None:
+    """The message of an exception GX caught while computing a result (flat or per metric)."""
+    if not isinstance(info, dict):
+        return None
+    if info.get("raised_exception"):
+        return str(info.get("exception_message"))
+    nested = [_exception(v) for v in info.values() if isinstance(v, dict)]
+    return next((m for m in nested if m), None)
+
+
+def _figures_text(figures: DataFrame, check: Check) -> str:
+    """The two figures a pair check compared, for the results table."""
+    row = figures.first()
+    names = [getattr(check.expectation, "column_A"), getattr(check.expectation, "column_B")]  # noqa: B009
+    return " vs ".join(f"{n} {row[n]:,}" if row and row[n] is not None else f"{n} -" for n in names)
+
+
+def _outcome(check: Check, success: bool) -> str:
+    if success:
+        return "passed"
+    return {"warn": "warned", "drop": "dropped", "fail": "failed"}[check.policy]
+
+
+def validate(df: DataFrame, suite: Suite, figures: DataFrame | None = None, rows: int | None = None) -> Validation:
+    """Run ``suite`` on ``df`` (persist it first: GX reads it several times) and split off drops.
+
+    Checks ``on="figures"`` run on ``figures`` (one row of numbers from several tables) when given,
+    else they are skipped. A check GX cannot evaluate (a missing column, a bad query) raises: a
+    broken check must not pass silently.
+    """
+    t0 = time.perf_counter()
+    results: list[Result] = []
+    for frame, checks in (
+        (df, [c for c in suite.checks if c.on == "rows"]),
+        (figures, [c for c in suite.checks if c.on == "figures"]),
+    ):
+        if frame is None or not checks:
+            continue
+        name = suite.table.replace("/", "__") + ("__figures" if frame is figures else "")
+        for check, res in zip(checks, _run_gx(frame, checks, name), strict=True):
+            error = None if res.success else _exception(res.exception_info)
+            if error:
+                raise RuntimeError(f"{suite.table}: expectation {check.name} could not run: {error}")
+            checked, failed, observed = _counts(check, res, rows)
+            if check.on == "figures" and figures is not None:
+                observed = _figures_text(figures, check)
+            if rows is None and checked is not None and frame is df:
+                rows = checked
+            kind = "figures" if check.on == "figures" else "row" if check.row_level else "batch"
+            results.append(
+                Result(
+                    suite.table,
+                    check.name,
+                    check.policy,
+                    kind,
+                    checked if frame is df else None,
+                    failed,
+                    _outcome(check, bool(res.success)),
+                    observed,
+                    check.description,
+                )
+            )
+    kept, dropped = split(df, suite, results)
+    return Validation(suite, results, kept, dropped, time.perf_counter() - t0)
+
+
+def failing(check: Check) -> Column:
+    assert check.passes is not None
+    return ~F.coalesce(F.expr(check.passes), F.lit(False))
+
+
+def split(df: DataFrame, suite: Suite, results: list[Result]) -> tuple[DataFrame, DataFrame | None]:
+    """(rows to write, rows the failed ``drop`` checks remove, tagged with the check's name)."""
+    by_name = {c.name: c for c in suite.checks}
+    drops = [by_name[r.expectation] for r in results if r.outcome == "dropped"]
+    if not drops:
+        return df, None
+    first_failed = F.coalesce(*(F.when(failing(c), F.lit(c.name)) for c in drops))
+    tagged = df.withColumn(DROPPED_BY, first_failed)
+    return tagged.where(F.col(DROPPED_BY).isNull()).drop(DROPPED_BY), tagged.where(F.col(DROPPED_BY).isNotNull())

@@ -1,0 +1,252 @@
+"""Data-quality gates: validate a batch before it is written, and whole tables on demand.
+
+A gate runs the table's suite (``expectations/``) with the policies from settings on the persisted
+batch. ``fail`` raises before anything is written (the run is recorded as failed, with its
+results); ``drop`` returns the batch without the failing rows, which go to ``bronze/quarantine``
+with the expectation's name; ``warn`` only records. Results are added to the run's record and land
+in ``_meta/expectation_results`` with the event-log row.
+
+Great Expectations is imported on first use: it takes seconds, and most commands never validate.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from bronze.landing import LANDING_COLUMNS, QUARANTINE_SCHEMA, RAW
+from pipelines.eventlog import RunRecord
+from pipelines.runner import Context, append_once
+from pipelines.storage import AppTxn
+from pipelines.tables import BRONZE_QUARANTINE
+
+log = logging.getLogger("medallion")
+
+if TYPE_CHECKING:
+    from expectations.core import Suite
+    from expectations.runner import Validation
+
+
+def enabled(ctx: Context) -> bool:
+    return ctx.settings.quality.enabled
+
+
+def preload() -> None:
+    """Import Great Expectations in the background while Spark starts: it takes seconds of its own."""
+
+    def load() -> None:
+        try:
+            from expectations.runner import warm_up
+
+            warm_up()
+        except Exception:  # the first gate imports it again and reports what is wrong
+            log.debug("preloading Great Expectations failed", exc_info=True)
+
+    threading.Thread(target=load, name="gx-preload", daemon=True).start()
+
+
+def suite_for(ctx: Context, table: str, **params: Any) -> Suite:
+    """The suite of ``table`` with the policies from settings (bad policy settings raise)."""
+    from expectations.suites import SUITES
+
+    if table == "silver/events":
+        params.setdefault("bucket_count", ctx.settings.buckets.count)
+    return SUITES[table](**params).with_policies(ctx.settings.quality.policies)
+
+
+def check_policies(ctx: Context) -> None:
+    """Raise a SettingsError for a policy naming an unknown table or expectation."""
+    from expectations.suites import SUITES
+    from pipelines.errors import SettingsError
+
+    known = set(SUITES)
+    unknown = sorted({k.partition(":")[0] for k in ctx.settings.quality.policies} - known)
+    if unknown:
+        raise SettingsError(
+            [f"MEDALLION_QUALITY__POLICIES: no suite for {', '.join(unknown)}; suites: {', '.join(sorted(known))}"]
+        )
+    for table in known:
+        suite_for(ctx, table)
+
+
+def record_results(record: RunRecord, validation: Validation) -> None:
+    record.quality.extend(r.as_row() for r in validation.results)
+    failed_rows = sum(r.rows_failed or 0 for r in validation.results if r.outcome != "passed")
+    key = validation.suite.table
+    record.add(
+        **{
+            "quality.seconds": record.metrics.get("quality.seconds", 0) + validation.seconds,
+            f"quality.{key}.failed_rows": failed_rows,
+            f"quality.{key}.dropped_rows": validation.dropped_rows,
+        }
+    )
+
+
+def run_suite(
+    ctx: Context, record: RunRecord, suite: Suite, df: DataFrame, figures: DataFrame | None = None
+) -> Validation:
+    """Validate ``df`` (already persisted) with ``suite``; record results; raise on a ``fail``."""
+    from expectations.runner import ExpectationFailed, validate
+
+    validation = validate(df, suite, figures)
+    record_results(record, validation)
+    if validation.failed:
+        raise ExpectationFailed(validation)
+    if validation.dropped is not None:
+        ctx.say(validation.summary())
+    return validation
+
+
+def gate(ctx: Context, record: RunRecord, table: str, df: DataFrame, txn: AppTxn | None, **params: Any) -> DataFrame:
+    """The rows of ``df`` to write into ``table``: validated, failing ``drop`` rows quarantined.
+
+    ``txn`` is the app transaction of the write the batch is for; the quarantined rows are
+    appended under ``<app id>#dropped`` at the same version, so a redo after a crash does not
+    quarantine them twice.
+    """
+    if not enabled(ctx):
+        return df
+    validation = run_suite(ctx, record, suite_for(ctx, table, **params).for_batches(), df)
+    if validation.dropped is not None:
+        rows = ctx.store.to_arrow(BRONZE_QUARANTINE, to_quarantine(validation.dropped, table))
+        if txn is None:
+            ctx.store.append(BRONZE_QUARANTINE, rows)
+        else:
+            append_once(ctx.store, BRONZE_QUARANTINE, rows, AppTxn(f"{txn.app_id}#dropped", txn.version))
+    return validation.kept
+
+
+def to_quarantine(dropped: DataFrame, kind: str) -> DataFrame:
+    """Rows a ``drop`` expectation removed, in the quarantine table's shape.
+
+    ``raw`` is the row as it was (the landed text for bronze, the row as JSON further down).
+    """
+    from expectations.runner import DROPPED_BY
+
+    columns = set(dropped.columns)
+    data = [c for c in dropped.columns if c != DROPPED_BY]
+    raw = F.col(RAW) if RAW in columns else F.to_json(F.struct(*data))
+    return dropped.select(
+        F.lit(kind).alias("kind"),
+        F.encode(raw.cast("string"), "UTF-8").alias(RAW),
+        F.concat(F.lit("expectation "), F.col(DROPPED_BY), F.lit(" failed")).alias("reason"),
+        F.col(DROPPED_BY).alias("expectation"),
+        *(
+            (F.col(c) if c in columns else F.lit(None)).cast(QUARANTINE_SCHEMA[c].dataType).alias(c)
+            for c in LANDING_COLUMNS
+        ),
+    )
+
+
+# -- whole tables ---------------------------------------------------------------------------------
+@dataclass
+class TableValidation:
+    table: str
+    validation: Validation | None
+    note: str | None = None  # why a table or a check was skipped
+
+
+def validate_tables(ctx: Context, record: RunRecord, tables: Sequence[str]) -> list[TableValidation]:
+    """Validate whole tables (and their cross-table figures); failures are reported, not raised."""
+    from expectations.runner import validate
+    from expectations.suites import CLICKHOUSE, SUITES
+    from pipelines.errors import InputError
+
+    unknown = [t for t in tables if t not in SUITES]
+    if unknown:
+        raise InputError(f"no suite for {', '.join(unknown)}; suites: {', '.join(SUITES)}")
+    out = []
+    for table in tables or list(SUITES):
+        if table == CLICKHOUSE:
+            loaded = _clickhouse_frames(ctx)
+        else:
+            loaded = _table_frames(ctx, table)
+        if loaded is None:
+            out.append(TableValidation(table, None, "table does not exist yet"))
+            continue
+        df, figures, params, note = loaded
+        df = df.persist()
+        try:
+            validation = validate(df, suite_for(ctx, table, **params), figures)
+        finally:
+            df.unpersist()
+        record_results(record, validation)
+        out.append(TableValidation(table, validation, note))
+    return out
+
+
+Frames = tuple[DataFrame, DataFrame | None, dict[str, Any], str | None]
+
+
+def _table_frames(ctx: Context, table: str) -> Frames | None:
+    from pipelines.tables import GOLD_PROPERTY_VALUES
+    from pipelines.tables import table as spec_of
+
+    spec = spec_of(table)
+    if not ctx.store.exists(spec):
+        return None
+    df = ctx.store.read(spec)
+    if spec != GOLD_PROPERTY_VALUES:
+        return df, None, {}, None
+    return _gold_frames(ctx, df)
+
+
+def _gold_frames(ctx: Context, gold: DataFrame) -> Frames:
+    """Gold rows plus the figures that tie them to the partials and to the silver fan-out.
+
+    The sums are taken at the versions the merge and stage-1 jobs recorded as processed, so a
+    pipeline that is merely behind still conserves. Runs split by ``--bucket`` record per-bucket
+    progress; the fan-out comparison is then skipped (and said so).
+    """
+    from gold.property_values import fan_out
+    from pipelines.jobs import fanout_rules
+    from pipelines.runner import app_id
+    from pipelines.tables import GOLD_PARTIALS, GOLD_PROPERTY_VALUES, SILVER_EVENTS
+
+    store = ctx.store
+    total = F.coalesce(F.sum("count"), F.lit(0)).cast("long")
+    gold_sum = gold.agg(total).first()[0]  # type: ignore[index]
+    merged = store.txn_version(GOLD_PROPERTY_VALUES, app_id("gold.merge", GOLD_PARTIALS))
+    partial_sum = (
+        store.read_inserted(GOLD_PARTIALS, 0, merged).agg(total).first()[0]  # type: ignore[index]
+        if merged is not None
+        else None
+    )
+    figures: dict[str, int | None] = {"gold_count_sum": gold_sum, "partial_count_sum": partial_sum}
+    fanned = store.txn_version(GOLD_PARTIALS, app_id("gold.partials", SILVER_EVENTS))
+    note = None
+    if fanned is not None and merged is not None and merged == store.version(GOLD_PARTIALS):
+        events = store.read_inserted(SILVER_EVENTS, 0, fanned)
+        tuples = events.transform(fan_out(fanout_rules(ctx))).where("skip_reason IS NULL").count()
+        figures["fanout_tuples"] = tuples
+    else:
+        note = "partials_equal_fanout skipped: gold runs per bucket or the merge is behind its partials"
+    frame = ctx.spark.createDataFrame([figures], "gold_count_sum long, partial_count_sum long, fanout_tuples long")
+    return gold, frame, {"with_fanout": "fanout_tuples" in figures}, note
+
+
+def _clickhouse_frames(ctx: Context) -> Frames | None:
+    """ClickHouse's rows (merged with FINAL) and the figures that tie them to the export state."""
+    from pipelines.sinks import clickhouse
+    from pipelines.tables import GOLD_EXPORTED
+
+    if not ctx.store.exists(GOLD_EXPORTED):
+        return None
+    with clickhouse.connect(ctx.settings) as client:
+        rows = clickhouse.read_property_values(client, ctx.settings.clickhouse.database)
+    df = ctx.store.to_spark(rows)
+    exported = ctx.store.read(GOLD_EXPORTED).where("exported_count > 0")
+    ex = exported.agg(F.coalesce(F.sum("exported_count"), F.lit(0)).cast("long"), F.count(F.lit(1))).first()
+    ch = df.agg(F.coalesce(F.sum("count"), F.lit(0)).cast("long"), F.count(F.lit(1))).first()
+    assert ex is not None and ch is not None
+    figures = ctx.spark.createDataFrame(
+        [(ch[0], ex[0], ch[1], ex[1])],
+        "clickhouse_count_sum long, exported_count_sum long, clickhouse_rows long, exported_rows long",
+    )
+    return df, figures, {}, None

@@ -1,0 +1,93 @@
+"""Checks: the rows ``drop`` removes are the rows GX counts as unexpected; policies from settings."""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import SparkSession
+
+from expectations.core import Suite, at_least_column, between, in_set, not_null, policy_problems, unique
+from expectations.runner import validate
+from pipelines.errors import SettingsError
+
+SCHEMA = "id long, team_id long, kind string, first_seen long, last_seen long"
+ROWS = [
+    (1, 5, "edit", 1, 2),
+    (2, None, "create", 2, 2),
+    (3, 0, "bogus", 3, 1),
+    (4, -3, None, None, 1),
+    (5, 12, "it's", 5, None),
+]
+
+
+@pytest.mark.parametrize(
+    "check",
+    [
+        not_null("team_id"),
+        between("team_id", low=1),
+        between("team_id", high=10),
+        between("team_id", low=0, high=10),
+        in_set("kind", ["edit", "create", "it's"]),
+        at_least_column("last_seen", "first_seen"),
+    ],
+    ids=lambda c: c.name + ":" + c.description,
+)
+def test_drop_removes_exactly_the_rows_gx_counts_as_unexpected(spark: SparkSession, check) -> None:  # type: ignore[no-untyped-def]
+    df = spark.createDataFrame(ROWS, SCHEMA).persist()
+    suite = Suite("t/x", (check,))
+    v = validate(df, suite)
+    (result,) = v.results
+    dropped = 0 if v.dropped is None else v.dropped.count()
+    assert result.rows_failed == dropped == 5 - v.kept.count()
+    assert result.rows_checked == 5
+    if dropped:
+        assert result.outcome == "dropped"
+        assert {r["_expectation"] for r in v.dropped.collect()} == {check.name}  # type: ignore[union-attr]
+
+
+def test_each_row_goes_to_the_first_failing_drop_check(spark: SparkSession) -> None:
+    df = spark.createDataFrame(ROWS, SCHEMA)
+    v = validate(df, Suite("t/x", (not_null("team_id"), between("team_id", low=1, name="team_positive"))))
+    assert v.dropped is not None
+    by_id = {r["id"]: r["_expectation"] for r in v.dropped.collect()}
+    assert by_id == {2: "team_id_not_null", 3: "team_positive", 4: "team_positive"}
+    assert sorted(r["id"] for r in v.kept.collect()) == [1, 5]
+
+
+def test_unique_ignores_rows_with_a_null_key_column(spark: SparkSession) -> None:
+    df = spark.createDataFrame(
+        [("t", 0, 1), ("t", 0, 2), (None, None, None), (None, None, None), ("t", 0, 1)], "topic string, p int, o long"
+    )
+    (r,) = validate(df, Suite("t/x", (unique(["topic", "p", "o"], "offsets_unique"),))).results
+    assert (r.outcome, r.rows_failed) == ("failed", 2)
+
+
+def test_policies_from_settings_override_per_table_then_per_check() -> None:
+    suite = Suite("t/x", (not_null("a"), not_null("b", policy="fail"), unique(["a"], "a_unique")))
+    assert [c.policy for c in suite.with_policies({"t/x": "warn"}).checks] == ["warn", "warn", "warn"]
+    assert [c.policy for c in suite.with_policies({"t/x": "warn", "t/x:b_not_null": "drop"}).checks] == [
+        "warn",
+        "drop",
+        "warn",
+    ]
+    # A table-wide drop reaches the checks that can drop rows; the batch check keeps its own policy.
+    assert [c.policy for c in suite.with_policies({"t/x": "drop"}).checks] == ["drop", "drop", "fail"]
+    assert suite.with_policies({"other/table": "warn"}) == suite
+
+
+def test_policies_that_cannot_apply_are_clear_settings_errors() -> None:
+    suite = Suite("t/x", (not_null("a"), unique(["a"], "a_unique")))
+    problems = policy_problems(suite, {"t/x:nope": "warn", "t/x:a_unique": "drop", "t/x": "ignore"})
+    assert problems == [
+        "MEDALLION_QUALITY__POLICIES['t/x:nope']: t/x has no expectation 'nope'; it has a_not_null, a_unique",
+        "MEDALLION_QUALITY__POLICIES['t/x:a_unique']: a_unique checks the whole batch, so it cannot drop rows; "
+        "use warn or fail",
+        "MEDALLION_QUALITY__POLICIES['t/x']: 'ignore' is not a policy; use one of warn, drop, fail",
+    ]
+    with pytest.raises(SettingsError):
+        suite.with_policies({"t/x:nope": "warn"})
+
+
+def test_a_check_gx_cannot_evaluate_is_an_error_not_a_pass(spark: SparkSession) -> None:
+    df = spark.createDataFrame([(1,)], "a long")
+    with pytest.raises(RuntimeError, match="missing_column"):
+        validate(df, Suite("t/x", (not_null("missing_column", policy="warn"),)))
