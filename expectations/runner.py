@@ -88,7 +88,8 @@ def describe(r: Result) -> str:
 
 @functools.cache
 def _context() -> Any:
-    logging.getLogger("great_expectations").setLevel(logging.WARNING)
+    for name in ("great_expectations", "great_expectations.data_context.types.base"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
     return context
@@ -100,9 +101,13 @@ def warm_up() -> None:
 
 
 @functools.cache
+def _datasource() -> Any:
+    return _context().data_sources.add_spark("medallion")
+
+
+@functools.cache
 def _batch_definition(name: str) -> BatchDefinition:
-    source = _context().data_sources.add_or_update_spark("medallion")
-    return source.add_dataframe_asset(name).add_batch_definition_whole_dataframe("batch")
+    return _datasource().add_dataframe_asset(name).add_batch_definition_whole_dataframe("batch")
 
 
 CHECK_META = "medallion_check"

@@ -592,6 +592,28 @@ def validate(state: State, tables: tuple[str, ...], as_json: bool) -> None:
         raise click.exceptions.Exit(1)
 
 
+@cli.command()
+@click.option("--size", type=click.Choice(["S", "M", "L"]), default="S", show_default=True, help="Workload size.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), help="Folder for the results.")
+@click.option("--repeats", type=click.IntRange(1, 20), help="Timed runs per stage after the warm-up [S: 2, else 3].")
+@click.pass_obj
+def bench(state: State, size: str, out_dir: Path | None, repeats: int | None) -> None:
+    """Benchmark every stage on seeded synthetic data, with peers, reduction and scaling figures.
+
+    Writes bench.md, bench.json, bench.png and scaling.png. S takes about two minutes on 2 cores
+    (and runs in CI); M about fifteen; L is for bigger machines.
+    """
+    from pipelines.bench.run import run_bench
+    from pipelines.spark import build_spark
+
+    out = out_dir or Path("bench-results") / size
+    say_step("starting Spark")
+    spark = build_spark(state.settings)
+    result = run_bench(size, out, spark, repeats or (2 if size == "S" else 3), say=say_step)
+    console.print((out / "bench.md").read_text())
+    say_step(f"bench {size} done in {result['wall_seconds']:,} s: {out}/bench.md, bench.json, bench.png")
+
+
 def print_buckets(ctx: Any) -> None:
     """Per bucket: events, teams, newest event and ingest, and bronze commits not yet processed."""
     from pyspark.sql import functions as F

@@ -1,0 +1,1 @@
+"""``medallion bench``: reproducible throughput, reduction, dedup and scaling figures, with peers."""

@@ -1,0 +1,125 @@
+"""Measuring: repeated timings with median / min / max, and peak memory per process.
+
+Memory is sampled from ``/proc`` (resident set size) every 50 ms while a stage runs: this process
+(the Python driver), its JVM child (Spark) and any other process named, such as the broker.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Figure:
+    """Throughput of one stage over several runs (``per_second`` = units / seconds of each run)."""
+
+    stage: str
+    unit: str
+    units: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    peak_rss_mb: dict[str, float] = field(default_factory=dict)
+    peer: str | None = None
+    note: str | None = None
+
+    @property
+    def rates(self) -> list[float]:
+        return [u / s for u, s in zip(self.units, self.seconds, strict=True) if s > 0]
+
+    def as_dict(self) -> dict:
+        rates = self.rates
+        return {
+            "stage": self.stage,
+            "unit": self.unit,
+            "runs": len(rates),
+            "median_per_s": statistics.median(rates) if rates else None,
+            "min_per_s": min(rates) if rates else None,
+            "max_per_s": max(rates) if rates else None,
+            "median_seconds": statistics.median(self.seconds) if self.seconds else None,
+            "units": self.units,
+            "seconds": self.seconds,
+            "peak_rss_mb": self.peak_rss_mb,
+            "peer": self.peer,
+            "note": self.note,
+        }
+
+
+def _rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def _name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return str(pid)
+
+
+class MemorySampler:
+    """Peak RSS (MB) per process: ``driver`` (this one), ``jvm`` and named extra processes."""
+
+    def __init__(self, extra: dict[str, int] | None = None, interval: float = 0.05) -> None:
+        import os
+
+        self.pid = os.getpid()
+        self.extra = extra or {}
+        self.interval = interval
+        self.peak: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
+
+    def _sample(self) -> None:
+        seen = {"driver": _rss_mb(self.pid)}
+        for child in _children(self.pid):
+            if _name(child) == "java":
+                seen["jvm"] = seen.get("jvm", 0.0) + _rss_mb(child)
+        for name, pid in self.extra.items():
+            seen[name] = _rss_mb(pid)
+        for name, mb in seen.items():
+            self.peak[name] = max(self.peak.get(name, 0.0), round(mb, 1))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def __enter__(self) -> MemorySampler:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self._sample()
+
+
+@contextmanager
+def timed(figure: Figure, units: float | Callable[[], float], extra: dict[str, int] | None = None) -> Iterator[None]:
+    """Time the block as one run of ``figure``; ``units`` may be computed after the block."""
+    with MemorySampler(extra) as mem:
+        t0 = time.perf_counter()
+        yield
+        elapsed = time.perf_counter() - t0
+    figure.seconds.append(round(elapsed, 3))
+    figure.units.append(float(units() if callable(units) else units))
+    for name, mb in mem.peak.items():
+        figure.peak_rss_mb[name] = max(figure.peak_rss_mb.get(name, 0.0), mb)

@@ -1,0 +1,185 @@
+"""The benchmark's Markdown table and PNG charts."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+
+def machine(spark: SparkSession) -> dict[str, Any]:
+    mem_gb = None
+    try:
+        mem_kb = next(
+            int(line.split()[1])
+            for line in Path("/proc/meminfo").read_text().splitlines()
+            if line.startswith("MemTotal")
+        )
+        mem_gb = round(mem_kb / 1024 / 1024, 1)
+    except (OSError, StopIteration):
+        pass
+    cpu = platform.processor() or ""
+    try:
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
+    except (OSError, StopIteration):
+        pass
+    return {
+        "cpus": os.cpu_count(),
+        "cpu": cpu,
+        "memory_gb": mem_gb,
+        "python": platform.python_version(),
+        "spark": spark.version,
+        "os": platform.platform(),
+    }
+
+
+def _n(v: float | None, digits: int = 0) -> str:
+    if v is None:
+        return "-"
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:,.{digits or 2}f}"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    m = result["machine"]
+    w = result["workload"]
+    stages = {s["stage"]: s for s in result["stages"]}
+    lines = [
+        f"# medallion bench, size {result['size']}",
+        "",
+        f"Machine: {m['cpus']} CPUs ({m['cpu']}), {m['memory_gb']} GiB, Python {m['python']}, Spark {m['spark']}.",
+        f"Workload: {w['events']:,} events, {w['page_changes_landed']:,} page changes landed "
+        f"({w['page_changes_distinct']:,} distinct), {w['remote_write_samples']:,} remote-write samples in "
+        f"{w['remote_write_requests']:,} requests, {w['kafka_messages']:,} Kafka messages. "
+        f"Median of {result['repeats']} runs after a warm-up (min-max); wall time {result['wall_seconds']:,} s.",
+        "",
+        "| stage | median /s | min-max /s | median s | peak RSS MB (driver / JVM / other) | vs peer |",
+        "|---|---:|---:|---:|---|---|",
+    ]
+    for s in result["stages"]:
+        if s["median_per_s"] is None:
+            lines.append(f"| {s['stage']} | - | - | - | - | {s['note'] or ''} |")
+            continue
+        rss = s["peak_rss_mb"] or {"driver": None, "jvm": None}
+        other = ", ".join(f"{k} {v:,.0f}" for k, v in rss.items() if k not in ("driver", "jvm"))
+        mem = " / ".join(_n(rss.get(k)) for k in ("driver", "jvm")) + (f" / {other}" if other else "")
+        ratio = ""
+        if s.get("peer") and stages.get(s["peer"], {}).get("median_per_s"):
+            ratio = (
+                f"{s['median_per_s'] / stages[s['peer']]['median_per_s']:.2f}x of {s['peer'].removeprefix('peer: ')}"
+            )
+        lines.append(
+            f"| {s['stage']} | {_n(s['median_per_s'])} {s['unit']} | {_n(s['min_per_s'])}-{_n(s['max_per_s'])} | "
+            f"{_n(s['median_seconds'])} | {mem} | {ratio} |"
+        )
+    notes = [f"- {s['stage']}: {s['note']}" for s in result["stages"] if s.get("note")]
+    lines += ["", *notes, "", "## Records per event: single-stage vs two-stage", ""]
+    lines += ["| pods | single-stage records/event | two-stage records/event |", "|---:|---:|---:|"]
+    for r in result["reduction"]:
+        lines.append(f"| {r['pods']} | {r['single_stage_per_event']:.3f} | {r['two_stage_per_event']:.3f} |")
+    lines += ["", "## Page changes pruned by dedup, per window", "", "| window (min) | tumbling | staggered |"]
+    lines.append("|---:|---:|---:|")
+    by_window: dict[float, dict[str, float]] = {}
+    for d in result["dedup"]:
+        by_window.setdefault(d["window_minutes"], {})[d["mode"]] = d["pruned_percent"]
+    for win, modes in sorted(by_window.items()):
+        lines.append(f"| {win:g} | {modes.get('tumbling', 0):.2f}% | {modes.get('staggered', 0):.2f}% |")
+    lines += ["", "## Scaling: seconds per stage", ""]
+    sizes = result["scaling"]["sizes"]
+    stage_names = list(next(iter(result["scaling"]["seconds"].values())).keys())
+    lines.append("| stage | " + " | ".join(f"{n} ({sizes[n]:,} events)" for n in sizes) + " |")
+    lines.append("|---|" + "---:|" * len(sizes))
+    for st in stage_names:
+        lines.append(f"| {st} | " + " | ".join(_n(result["scaling"]["seconds"][n].get(st)) for n in sizes) + " |")
+    lines += [
+        "",
+        "## Page-change buffer as input arrives",
+        "",
+        "| input events | buffered events | open windows | state rows |",
+    ]
+    lines.append("|---:|---:|---:|---:|")
+    for r in result["buffer"]:
+        lines.append(
+            f"| {r['input_events']:,} | {r['buffered_events']:,} | {r['open_windows']:,} | {r['state_rows']:,} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def charts(result: dict[str, Any], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    ours = [s for s in result["stages"] if s["median_per_s"]]
+    ax = axes[0][0]
+    ax.barh([s["stage"] for s in ours], [s["median_per_s"] for s in ours], color="#4c72b0")
+    ax.set_xscale("log")
+    ax.set_title("throughput per stage (units/s, log)")
+    ax.invert_yaxis()
+    ax = axes[0][1]
+    pods = [str(r["pods"]) for r in result["reduction"]]
+    x = range(len(pods))
+    ax.bar([i - 0.2 for i in x], [r["single_stage_per_event"] for r in result["reduction"]], 0.4, label="single-stage")
+    ax.bar([i + 0.2 for i in x], [r["two_stage_per_event"] for r in result["reduction"]], 0.4, label="two-stage")
+    ax.set_xticks(list(x), [f"{p} pods" for p in pods])
+    ax.set_title("records written per event")
+    ax.legend()
+    ax = axes[1][0]
+    for mode in ("tumbling", "staggered"):
+        pts = sorted((d["window_minutes"], d["pruned_percent"]) for d in result["dedup"] if d["mode"] == mode)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=mode)
+    ax.set_xlabel("window (minutes)")
+    ax.set_ylabel("% of page changes pruned")
+    ax.set_title("dedup by window length")
+    ax.legend()
+    ax = axes[1][1]
+    buf = result["buffer"]
+    ax.plot([r["input_events"] for r in buf], [r["buffered_events"] for r in buf], marker="o", label="buffered events")
+    ax.plot([r["input_events"] for r in buf], [r["state_rows"] for r in buf], marker="o", label="state rows")
+    ax.set_xlabel("page changes received")
+    ax.set_title("silver page-change buffer")
+    ax.legend()
+    fig.suptitle(f"medallion bench, size {result['size']}")
+    fig.tight_layout()
+    paths.append(out / "bench.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    sizes = result["scaling"]["sizes"]
+    if len(sizes) > 1:
+        fig, ax = plt.subplots(figsize=(8, 5))
+        stage_names = list(next(iter(result["scaling"]["seconds"].values())).keys())
+        for st in stage_names:
+            ax.plot(
+                [sizes[n] for n in sizes],
+                [result["scaling"]["seconds"][n].get(st) for n in sizes],
+                marker="o",
+                label=st,
+            )
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("events")
+        ax.set_ylabel("seconds")
+        ax.set_title("time per stage by input size")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths.append(out / "scaling.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths
+
+
+def write(result: dict[str, Any], out: Path) -> list[Path]:
+    (out / "bench.md").write_text(markdown(result))
+    return [out / "bench.md", out / "bench.json", *charts(result, out)]

