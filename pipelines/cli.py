@@ -53,13 +53,14 @@ class State:
             self._settings = load_settings(**self.overrides)
         return self._settings
 
-    def context(self) -> Any:
+    def context(self, validates: bool = False) -> Any:
+        """Spark, the store and settings; ``validates`` for commands whose jobs run quality gates."""
         from pipelines.runner import Context
         from pipelines.spark import build_spark
         from pipelines.storage import open_store
 
         settings = self.settings
-        if settings.quality.enabled:
+        if validates and settings.quality.enabled:
             from pipelines.quality import preload
 
             preload()
@@ -143,7 +144,7 @@ def demo(state: State, events: int, page_changes: int, as_json: bool) -> None:
 
     if events < 0 or page_changes < 0:
         raise click.BadParameter("sizes must not be negative")
-    ctx = state.context()
+    ctx = state.context(validates=True)
     result = run_demo(ctx, DemoSize(events=events, page_changes=page_changes))
     if as_json:
         console.print_json(json.dumps(result))
@@ -220,7 +221,7 @@ def run(state: State, job: str, once: bool, interval: float, buckets: tuple[str,
     finishing the step under way.
     """
     chosen = _parse_buckets(buckets)
-    ctx = state.context()
+    ctx = state.context(validates=True)
     if chosen is not None:
         bad = [b for b in chosen if b >= ctx.settings.buckets.count]
         if bad:
@@ -256,7 +257,7 @@ def ingest_file(state: State, kind: str, paths: tuple[Path, ...]) -> None:
     """Land JSON-lines or JSON-array files; a file already landed (same content) is skipped."""
     from pipelines import jobs
 
-    ctx = state.context()
+    ctx = state.context(validates=True)
     record = jobs.ingest_files(ctx, kind, list(paths))
     console.print(
         f"{record.job}: {record.status}, {record.rows_in:,} records, {record.rows_out:,} landed, "
@@ -282,7 +283,7 @@ def ingest_kafka(state: State, once: bool, topics: str | None, max_batch: int, m
     if max_batch < 1 or max_wait <= 0:
         raise click.BadParameter("--max-batch must be >= 1 and --max-wait > 0")
     chosen = [t.strip() for t in topics.split(",") if t.strip()] if topics else None
-    ctx = state.context()
+    ctx = state.context(validates=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -570,7 +571,7 @@ def validate(state: State, tables: tuple[str, ...], as_json: bool) -> None:
     from pipelines import quality
     from pipelines.eventlog import recorded
 
-    ctx = state.context()
+    ctx = state.context(validates=True)
     quality.check_policies(ctx)
     with recorded(ctx.store, "validate", ctx.run_id) as record:
         checked = quality.validate_tables(ctx, record, list(tables))

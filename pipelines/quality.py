@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from bronze.landing import LANDING_COLUMNS, QUARANTINE_SCHEMA, RAW
@@ -181,6 +181,11 @@ def validate_tables(ctx: Context, record: RunRecord, tables: Sequence[str]) -> l
     return out
 
 
+def _total(column: str) -> Column:
+    """Sum of ``column`` as a long, 0 for no rows: the figures compare sums of possibly empty tables."""
+    return F.coalesce(F.sum(column), F.lit(0)).cast("long")
+
+
 Frames = tuple[DataFrame, DataFrame | None, dict[str, Any], str | None]
 
 
@@ -210,7 +215,7 @@ def _gold_frames(ctx: Context, gold: DataFrame) -> Frames:
     from pipelines.tables import GOLD_PARTIALS, GOLD_PROPERTY_VALUES, SILVER_EVENTS
 
     store = ctx.store
-    total = F.coalesce(F.sum("count"), F.lit(0)).cast("long")
+    total = _total("count")
     gold_sum = gold.agg(total).first()[0]  # type: ignore[index]
     merged = store.txn_version(GOLD_PROPERTY_VALUES, app_id("gold.merge", GOLD_PARTIALS))
     partial_sum = (
@@ -242,8 +247,8 @@ def _clickhouse_frames(ctx: Context) -> Frames | None:
         rows = clickhouse.read_property_values(client, ctx.settings.clickhouse.database)
     df = ctx.store.to_spark(rows)
     exported = ctx.store.read(GOLD_EXPORTED).where("exported_count > 0")
-    ex = exported.agg(F.coalesce(F.sum("exported_count"), F.lit(0)).cast("long"), F.count(F.lit(1))).first()
-    ch = df.agg(F.coalesce(F.sum("count"), F.lit(0)).cast("long"), F.count(F.lit(1))).first()
+    ex = exported.agg(_total("exported_count"), F.count(F.lit(1))).first()
+    ch = df.agg(_total("count"), F.count(F.lit(1))).first()
     assert ex is not None and ch is not None
     figures = ctx.spark.createDataFrame(
         [(ch[0], ex[0], ch[1], ex[1])],

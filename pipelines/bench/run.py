@@ -66,6 +66,11 @@ class Bench:
         return self.figures.setdefault(stage, Figure(stage, unit, **kw))
 
 
+def warm_up_first(fig: Figure, attempt: int) -> Figure:
+    """Where run ``attempt`` is recorded: the first run of each stage is a warm-up, thrown away."""
+    return fig if attempt > 0 else Figure("warm-up", fig.unit)
+
+
 # -- the pipeline chain ---------------------------------------------------------------------------
 def chain(b: Bench, w: Workload, record: bool, scale_into: dict[str, float] | None = None) -> Context:
     """Files -> bronze -> silver -> gold -> ClickHouse once, timing each stage into ``b.figures``."""
@@ -141,7 +146,7 @@ def kafka_stage(b: Bench, w: Workload) -> None:
             ctx.settings.kafka.bootstrap_servers = [broker.bootstrap]
             ctx.settings.kafka.topics.events = topic
             ctx.settings.kafka.group_id = f"bench-{topic}"
-            target = fig if attempt > 0 else Figure("warm-up", "messages")
+            target = warm_up_first(fig, attempt)
             pid = broker.pid
             with timed(target, len(messages), extra={"tansu": pid} if pid else None):
                 jobs.ingest_kafka(ctx, [topic], max_batch=50_000, max_wait=2.0, once=True)
@@ -166,7 +171,7 @@ def remote_write_stage(b: Bench, w: Workload) -> None:
 
     decode_fig = b.figure("remote write: decode only", "samples")
     for attempt in range(b.repeats + 1):
-        target = decode_fig if attempt > 0 else Figure("warm-up", "samples")
+        target = warm_up_first(decode_fig, attempt)
         with timed(target, w.samples):
             for body in w.remote_write_bodies:
                 decode(body, SNAPPY, 1 << 30)
@@ -203,7 +208,7 @@ def remote_write_stage(b: Bench, w: Workload) -> None:
             finally:
                 conn.close()
 
-        target = fig if attempt > 0 else Figure("warm-up", "samples")
+        target = warm_up_first(fig, attempt)
         with timed(target, w.samples):
             with ThreadPoolExecutor(4) as pool:
                 statuses = list(pool.map(post, w.remote_write_bodies))
@@ -260,7 +265,7 @@ def clickhouse_peer(b: Bench, ctx: Context) -> None:
                 "property_value String, window_start DateTime64(3, 'UTC'), c UInt64) ENGINE = MergeTree "
                 "ORDER BY (team_id, property_type, property_key, property_value, window_start)"
             )
-            target = fig if attempt > 0 else Figure("warm-up", "events")
+            target = warm_up_first(fig, attempt)
             with timed(target, events.num_rows):
                 client.command(CLICKHOUSE_FANOUT.format(db=db, window=GOLD_WINDOW_SECONDS))
         rows, tuples = client.query(f"SELECT count(), sum(c) FROM {db}.peer_property_values").result_rows[0]
@@ -284,7 +289,7 @@ def spark_dedup_peer(b: Bench, ctx: Context) -> None:
             .withWatermark("event_time", "5 minutes")
             .dropDuplicatesWithinWatermark(["wiki_id", "page_id"])
         )
-        target = fig if attempt > 0 else Figure("warm-up", "events")
+        target = warm_up_first(fig, attempt)
         with timed(target, n):
             query = (
                 stream.writeStream.format("memory")
