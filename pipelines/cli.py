@@ -601,7 +601,7 @@ def validate(state: State, tables: tuple[str, ...], as_json: bool) -> None:
 def bench(state: State, size: str, out_dir: Path | None, repeats: int | None) -> None:
     """Benchmark every stage on seeded synthetic data, with peers, reduction and scaling figures.
 
-    Writes bench.md, bench.json, bench.png and scaling.png. S takes about two minutes on 2 cores
+    Writes bench.md, bench.json, bench.png and scaling.png. S takes about four minutes on 2 cores
     (and runs in CI); M about fifteen; L is for bigger machines.
     """
     from pipelines.bench.run import run_bench

@@ -52,13 +52,15 @@ class Bench:
     def clickhouse_dsn(self) -> str:
         return f"chdb://{self.out / 'work' / 'clickhouse'}"
 
-    def context(self, tag: str) -> Context:
+    def context(self, tag: str, quality: bool = True) -> Context:
+        """A fresh lake and ClickHouse database; ``quality=False`` for runs that count rows, not time."""
         self._runs += 1
         lake = self.out / "work" / f"{tag}-{self._runs}"
         shutil.rmtree(lake, ignore_errors=True)
         settings = load_settings(
             lake_root=str(lake),
             clickhouse={"dsn": self.clickhouse_dsn, "database": f"bench_{tag}_{self._runs}".replace("-", "_")},
+            quality={"enabled": quality},
         )
         return Context(settings=settings, spark=self.spark, store=open_store(settings, self.spark), say=lambda _: None)
 
@@ -310,7 +312,7 @@ def reduction(b: Bench, w: Workload) -> list[dict[str, Any]]:
     """Records per event single-stage (partials) vs two-stage (gold = what ClickHouse gets), by pods."""
     out = []
     for pods in PODS:
-        ctx = b.context(f"pods-{pods}")
+        ctx = b.context(f"pods-{pods}", quality=False)
         jobs.ingest_files(ctx, "events", w.event_files(pods))
         jobs.silver_events(ctx)
         jobs.gold_partials(ctx)
@@ -348,7 +350,7 @@ def dedup_by_window(ctx: Context) -> list[dict[str, Any]]:
 
 def buffer_growth(b: Bench, w: Workload) -> list[dict[str, Any]]:
     """State of the page-change buffer after each arriving file (windows close as time passes)."""
-    ctx = b.context("buffer")
+    ctx = b.context("buffer", quality=False)
     rows, seen = [], 0
     for path in w.page_change_files:
         jobs.ingest_files(ctx, "page_changes", [path])

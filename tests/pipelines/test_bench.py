@@ -1,0 +1,102 @@
+"""`medallion bench --size S` as a smoke test: figures are produced and the invariants hold.
+
+Timings are never asserted (they are measured by the harness, not by tests). The bench runs in its
+own process, as users run it: chdb holds one data path per process, and the bench's ClickHouse must
+not be the one the export tests open later in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], str]:
+    out = tmp_path_factory.mktemp("bench") / "S"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEDALLION_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "bench", "--size", "S", "--repeats", "1", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out, json.loads((out / "bench.json").read_text()), done.stdout
+
+
+def test_writes_the_table_the_json_and_the_charts(bench: tuple[Path, dict[str, Any], str]) -> None:
+    out, result, stdout = bench
+    assert (out / "bench.png").read_bytes()[:8] == PNG
+    assert not (out / "scaling.png").exists(), "scaling needs two sizes; S has one"
+    table = (out / "bench.md").read_text()
+    assert "| stage | median /s |" in table and "## Records per event" in table
+    assert "| stage | median /s |" in stdout, "the table is printed as well"
+    assert not (out / "work").exists(), "the generated data and lakes are removed"
+    assert result["size"] == "S" and result["machine"]["cpus"] >= 1
+
+
+def test_every_stage_has_a_figure_or_says_why_not(bench: tuple[Path, dict[str, Any], str]) -> None:
+    _, result, _ = bench
+    stages = {s["stage"]: s for s in result["stages"]}
+    expected = {
+        "files -> bronze (events)",
+        "silver page changes",
+        "silver events",
+        "gold (stage 1 + 2)",
+        "export to ClickHouse",
+        "end to end (events)",
+        "peer: ClickHouse fan-out + GROUP BY",
+        "peer: Spark dropDuplicatesWithinWatermark",
+        "Kafka -> bronze (Tansu)",
+        "remote write: decode only",
+        "remote write -> bronze",
+    }
+    assert expected <= stages.keys()
+    for name, s in stages.items():
+        if s["runs"] == 0:
+            assert s["note"] and s["note"].startswith("skipped"), name
+            continue
+        assert s["runs"] == 1 and s["median_per_s"] > 0 and s["min_per_s"] <= s["max_per_s"], name
+        if name != "end to end (events)":
+            assert s["peak_rss_mb"]["driver"] > 0 and s["peak_rss_mb"]["jvm"] > 0, name
+    assert stages["silver page changes"]["peer"] == "peer: Spark dropDuplicatesWithinWatermark"
+    assert stages["gold (stage 1 + 2)"]["peer"] == "peer: ClickHouse fan-out + GROUP BY"
+
+
+def test_two_stage_records_do_not_grow_with_pods(bench: tuple[Path, dict[str, Any], str]) -> None:
+    _, result, _ = bench
+    rows = sorted(result["reduction"], key=lambda r: r["pods"])
+    assert [r["pods"] for r in rows] == [1, 4, 12]
+    assert len({r["two_stage_records"] for r in rows}) == 1, rows
+    single = [r["single_stage_records"] for r in rows]
+    assert single == sorted(single) and single[0] == rows[0]["two_stage_records"] and single[-1] > single[0]
+
+
+def test_dedup_prunes_more_as_windows_grow(bench: tuple[Path, dict[str, Any], str]) -> None:
+    _, result, _ = bench
+    for mode in ("tumbling", "staggered"):
+        by_window = sorted((r["window_minutes"], r["pruned_percent"]) for r in result["dedup"] if r["mode"] == mode)
+        assert len(by_window) == 5
+        pruned = [p for _, p in by_window]
+        assert pruned == sorted(pruned) and 0 < pruned[0] and pruned[-1] < 100, (mode, pruned)
+
+
+def test_the_buffer_sees_every_page_change_once(bench: tuple[Path, dict[str, Any], str]) -> None:
+    _, result, _ = bench
+    steps = result["buffer"]
+    inputs = [s["input_events"] for s in steps]
+    assert inputs == sorted(inputs) and inputs[-1] == result["workload"]["page_changes_landed"]
+    assert all(0 <= s["buffered_events"] <= s["input_events"] for s in steps)
+    assert result["scaling"]["sizes"] == {"S": 20_000}
