@@ -12,6 +12,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ JOBS = (
     "gold-partials",
     "gold-merge",
     "export",
+    "metrics",
     "all",
 )
 
@@ -202,7 +204,8 @@ def job_steps(job: str, buckets: list[int] | None, drain: bool = False) -> list[
     }
     steps["silver"] = steps["silver-events"] + steps["silver-page-changes"]
     steps["gold"] = steps["gold-partials"] + steps["gold-merge"]
-    steps["all"] = steps["silver"] + steps["gold"] + steps["export"]
+    steps["metrics"] = [lambda c: jobs.silver_metric_panes(c, drain=drain), jobs.gold_metric_windows]
+    steps["all"] = steps["silver"] + steps["gold"] + steps["export"] + steps["metrics"]
     return steps[job]
 
 
@@ -217,7 +220,8 @@ def run(state: State, job: str, once: bool, interval: float, buckets: tuple[str,
     """Run a job incrementally: it reads only source commits it has not processed yet.
 
     JOB is one of silver, silver-events, silver-page-changes, gold, gold-partials, gold-merge,
-    export or all. Without --once it repeats every --interval seconds until SIGTERM or Ctrl-C,
+    export, metrics (panes and windows of metrics.aggregations) or all.
+    Without --once it repeats every --interval seconds until SIGTERM or Ctrl-C,
     finishing the step under way.
     """
     chosen = _parse_buckets(buckets)
@@ -591,6 +595,89 @@ def validate(state: State, tables: tuple[str, ...], as_json: bool) -> None:
                 console.print(f"[dim]{c.table}: {c.note}[/]")
     if failed:
         raise click.exceptions.Exit(1)
+
+
+def _when(value: str | None, name: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        if value.replace(".", "", 1).isdigit():
+            return datetime.fromtimestamp(float(value), UTC)
+        raise click.BadParameter(
+            f"{value!r}: use ISO-8601 (2026-01-01T00:05:00Z) or epoch seconds", param_hint=name
+        ) from None
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+@cli.command()
+@click.option("--aggregation", "-a", required=True, help="Name of an aggregation in metrics.aggregations.")
+@click.option("--group-by", "group_by", help="Comma-separated key labels to group by; '' merges every key.")
+@click.option("--from", "start", help="Windows starting at or after (ISO-8601 or epoch seconds).")
+@click.option("--to", "end", help="Windows ending at or before.")
+@click.option("--quantile", "quantiles", multiple=True, type=float, help="Quantile(s) to read [0.5 0.9 0.99].")
+@click.option("--top", default=5, show_default=True, type=click.IntRange(1, 1000), help="Top values to show.")
+@click.option("--closed-only", is_flag=True, help="Leave out windows the watermark has not closed yet.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+@click.pass_obj
+def query(
+    state: State,
+    aggregation: str,
+    group_by: str | None,
+    start: str | None,
+    end: str | None,
+    quantiles: tuple[float, ...],
+    top: int,
+    closed_only: bool,
+    as_json: bool,
+) -> None:
+    """Answer from precomputed metric windows: merged panes, partials and late rows, never raw samples."""
+    from pipelines.metrics import dropped_late
+    from pipelines.metrics import query as run_query
+
+    agg = state.settings.metrics.get(aggregation)
+    by = None if group_by is None else [g.strip() for g in group_by.split(",") if g.strip()]
+    ctx = state.context()
+    rows = run_query(
+        ctx,
+        aggregation,
+        by,
+        _when(start, "--from"),
+        _when(end, "--to"),
+        quantiles or (0.5, 0.9, 0.99),
+        top,
+        include_open=not closed_only,
+    )
+    dropped = dropped_late(ctx, aggregation)
+    if as_json:
+        click.echo(json.dumps({"aggregation": aggregation, "rows": rows, "late_dropped": dropped}, default=str))
+        return
+    table = Table(title=f"{aggregation}: {agg.selector}, window {agg.window}, slide {agg.slide}")
+    columns = list(rows[0]) if rows else ["window_start", "window_end"]
+    for c in columns:
+        table.add_column(c, justify="right" if c not in ("key", "kinds", "top") else "left")
+    for row in rows:
+        table.add_row(*(_cell(row[c]) for c in columns))
+    console.print(table)
+    if dropped:
+        console.print(f"[dim]{dropped:,} late sample(s) dropped by this aggregation so far (late: drop)[/]")
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, datetime):
+        return v.strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(v, float):
+        return f"{v:,.6g}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, list) and v and isinstance(v[0], tuple):
+        return ", ".join(f"{item}: {n:,}" for item, n in v)  # top values
+    if isinstance(v, list):
+        return ",".join(map(str, v))
+    return str(v)
 
 
 @cli.command()

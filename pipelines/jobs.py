@@ -22,6 +22,7 @@ from bronze.events import BRONZE_EVENTS_COLUMNS, parse_events
 from bronze.landing import quarantined, valid
 from bronze.page_changes import BRONZE_PAGE_CHANGES_COLUMNS, parse_page_changes
 from gold.export import EXPORT_COLUMNS, EXPORT_DATASET, export_batch, watermark
+from gold.metric_windows import close_windows, earliest_pane, finish, raw_rows
 from gold.property_values import (
     MERGE_ON,
     MERGE_UPDATE,
@@ -38,22 +39,27 @@ from pipelines.runner import Context, app_id, append_once, pending, run_job
 from pipelines.sinks import clickhouse
 from pipelines.sources import kafka
 from pipelines.sources.files import FileBatch, landing_table, read_records
-from pipelines.storage import AppTxn
+from pipelines.storage import AppTxn, TableSpec
 from pipelines.tables import (
     BRONZE_EVENTS,
     BRONZE_PAGE_CHANGES,
     BRONZE_QUARANTINE,
+    BRONZE_SAMPLES,
     EXPORT_OUTBOX,
     EXPORTS,
     GOLD_EXPORTED,
+    GOLD_METRIC_WINDOWS,
     GOLD_PARTIALS,
     GOLD_PROPERTY_VALUES,
     SILVER_EVENTS,
+    SILVER_METRIC_PANES,
+    SILVER_METRIC_STATE,
     SILVER_PAGE_CHANGE_STATE,
     SILVER_PAGE_CHANGES,
 )
 from silver.buckets import BucketMapping
 from silver.events import to_silver_events
+from silver.metric_panes import METRIC_PANE_COLUMNS, SAMPLE_COLUMNS, pane_run, select_samples
 from silver.page_changes import (
     EVENT_COLUMNS,
     KEY,
@@ -271,14 +277,9 @@ def silver_page_changes(ctx: Context, drain: bool = False) -> RunRecord:
     app = app_id("silver.page_changes", BRONZE_PAGE_CHANGES)
 
     def publish() -> int:
-        state_seq = ctx.store.txn_version(SILVER_PAGE_CHANGE_STATE, app)
-        out_seq = ctx.store.txn_version(SILVER_PAGE_CHANGES, app)
-        if state_seq is None or (out_seq is not None and out_seq >= state_seq):
-            return 0
-        outbox = ctx.store.read(SILVER_PAGE_CHANGE_STATE, where="kind = 'emit'").select(*SILVER_PAGE_CHANGES_COLUMNS)
-        rows = outbox.toArrow()
-        ctx.store.append(SILVER_PAGE_CHANGES, rows, [AppTxn(app, state_seq)])
-        return rows.num_rows
+        return publish_outbox(
+            ctx, SILVER_PAGE_CHANGE_STATE, SILVER_PAGE_CHANGES, app, "emit", SILVER_PAGE_CHANGES_COLUMNS
+        )
 
     def body(record: RunRecord) -> None:
         for spec in (SILVER_PAGE_CHANGES, SILVER_PAGE_CHANGE_STATE):
@@ -531,3 +532,194 @@ def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:
 
 def _token(seq: int, chunk: int) -> str:
     return f"medallion:{GOLD_PROPERTY_VALUES.key}:batch{seq}:c{chunk}"
+
+
+def publish_outbox(ctx: Context, state: TableSpec, out: TableSpec, app: str, kind: str, columns: list[str]) -> int:
+    """Append the outbox rows (``kind``) a state commit holds, unless ``out`` already has them.
+
+    Jobs with state replace their state table and its outbox in one commit, then publish the
+    outbox under the same run number: a crash between the two is finished by the next run.
+    """
+    state_seq = ctx.store.txn_version(state, app)
+    out_seq = ctx.store.txn_version(out, app)
+    if state_seq is None or (out_seq is not None and out_seq >= state_seq):
+        return 0
+    rows = ctx.store.read(state, where=f"kind = '{kind}'").select(*columns).toArrow()
+    ctx.store.append(out, rows, [AppTxn(app, state_seq)])
+    return rows.num_rows
+
+
+# -- metrics ------------------------------------------------------------------------------------
+def silver_metric_panes(ctx: Context, drain: bool = False) -> RunRecord:
+    """New bronze samples -> final panes of every configured aggregation (see silver.metric_panes).
+
+    State (samples of panes not final yet, each series' newest counted sample, per-aggregation
+    largest sample time and dropped count, bronze progress) is one table replaced per run with the
+    run's pane rows as its outbox, as silver/page_changes does.
+    """
+    aggs = ctx.settings.metrics.aggregations
+    app = app_id("silver.metric_panes", BRONZE_SAMPLES)
+
+    def body(record: RunRecord) -> None:
+        if not aggs:
+            record.noop("no metric aggregations configured (metrics.aggregations)")
+            return
+        for spec in (SILVER_METRIC_PANES, SILVER_METRIC_STATE, BRONZE_SAMPLES):
+            ctx.store.ensure(spec)
+        recovered = publish_outbox(ctx, SILVER_METRIC_STATE, SILVER_METRIC_PANES, app, "pane", METRIC_PANE_COLUMNS)
+        if recovered:
+            record.add(recovered_outbox_rows=recovered)
+        seq = ctx.store.txn_version(SILVER_METRIC_STATE, app) or 0
+        state = ctx.store.read(SILVER_METRIC_STATE, where="kind <> 'pane'").persist()
+        progress = {r["aggregation"]: r for r in state.where("kind = 'progress'").collect()}
+        done = progress[None]["bronze_version"] if None in progress else None
+        latest = ctx.store.version(BRONZE_SAMPLES)
+        start = 0 if done is None else done + 1
+        has_new = latest is not None and start <= latest
+        buffered = state.where("kind = 'sample'").select(*SAMPLE_COLUMNS)
+        if not has_new and not (drain and buffered.limit(1).count()):
+            state.unpersist()
+            record.noop("no new samples" + (" and nothing buffered" if drain else ""))
+            return
+        end = latest if has_new else done
+        columns = ["metric_name", "labels", "series_id", "timestamp", "value"]
+        new = ctx.store.read_inserted(BRONZE_SAMPLES, start, end).select(*columns) if has_new else None
+        if new is not None:
+            new = new.persist()
+        lasts = state.where("kind = 'last'").select("aggregation", "series_id", "timestamp", "value")
+        panes, keep, new_lasts, progress_rows = [], [], [], []
+        n_in = 0
+        for agg in aggs:
+            mine = select_samples(new, agg).persist() if new is not None else buffered.limit(0)
+            seen = mine.agg(F.count(F.lit(1)).alias("n"), F.max("timestamp").alias("t")).first()
+            n_new = int(seen["n"]) if seen else 0
+            prev = progress.get(agg.name)
+            prev_seen = prev["max_seen"] if prev else None
+            max_seen = max((t for t in (prev_seen, seen["t"] if seen else None) if t is not None), default=None)
+            lateness = agg.allowed_lateness
+            watermark = None if max_seen is None else max_seen - lateness
+            step = pane_run(
+                agg,
+                mine,
+                buffered.where(F.col("aggregation") == agg.name),
+                lasts.where(F.col("aggregation") == agg.name),
+                None if prev_seen is None else prev_seen - lateness,
+                None if max_seen is None else (max_seen + agg.window if drain else watermark),
+                seq + 1,
+                close_all=drain,
+            )
+            n_late = step.late.count() if prev_seen is not None else 0
+            dropped = (prev["dropped"] or 0 if prev else 0) + (n_late if agg.late == "drop" else 0)
+            panes.append(step.panes)
+            keep.append(step.buffered)
+            new_lasts.append(step.lasts)
+            progress_rows.append(
+                {"kind": "progress", "aggregation": agg.name, "max_seen": max_seen, "dropped": dropped}
+            )
+            n_in += n_new
+            record.add(**{f"{agg.name}.samples": n_new, f"{agg.name}.late_{agg.late}": n_late})
+            if watermark is not None:
+                record.add(**{f"{agg.name}.watermark_epoch_s": watermark.timestamp()})
+            mine.unpersist()
+        pane_rows = _union(panes).toArrow()
+        pane_rows = ctx.store.to_arrow(
+            SILVER_METRIC_STATE, pane_rows.append_column("kind", pa.array(["pane"] * pane_rows.num_rows, pa.string()))
+        )
+        samples = _union(keep).withColumn("kind", F.lit("sample"))
+        last_rows = _union(new_lasts).withColumn("kind", F.lit("last"))
+        rest = samples.unionByName(last_rows, allowMissingColumns=True).toArrow()
+        progress_rows.append({"kind": "progress", "aggregation": None, "bronze_version": end})
+        full_state = pa.concat_tables(
+            [
+                ctx.store.to_arrow(SILVER_METRIC_STATE, rest),
+                pane_rows,
+                pa.Table.from_pylist(progress_rows, schema=SILVER_METRIC_STATE.arrow_schema),
+            ]
+        )
+        state.unpersist()
+        if new is not None:
+            new.unpersist()
+        ctx.store.overwrite(SILVER_METRIC_STATE, full_state, [AppTxn(app, seq + 1)])
+        published = publish_outbox(ctx, SILVER_METRIC_STATE, SILVER_METRIC_PANES, app, "pane", METRIC_PANE_COLUMNS)
+        kinds = pc.value_counts(rest["kind"]).to_pylist() if rest.num_rows else []
+        counts = {d["values"]: d["counts"] for d in kinds}
+        record.rows_in, record.rows_out = n_in, published
+        record.add(
+            input_samples=n_in,
+            panes=published,
+            buffered_samples=counts.get("sample", 0),
+            series_tracked=counts.get("last", 0),
+            state_rows=full_state.num_rows,
+        )
+        ctx.say(
+            f"silver/metric_panes: {n_in:,} samples -> {published:,} final pane rows, "
+            f"{counts.get('sample', 0):,} samples in open panes" + (" (drained)" if drain else "")
+        )
+
+    return run_job(ctx, "silver.metric_panes", body)
+
+
+def gold_metric_windows(ctx: Context) -> RunRecord:
+    """New final panes -> windows the watermark has closed, late rows for windows already closed."""
+    aggs = {a.name: a for a in ctx.settings.metrics.aggregations}
+
+    def body(record: RunRecord) -> None:
+        ctx.store.ensure(GOLD_METRIC_WINDOWS)
+        inc = pending(
+            ctx.store, SILVER_METRIC_PANES, GOLD_METRIC_WINDOWS, app_id("gold.metric_windows", SILVER_METRIC_PANES)
+        )
+        if inc is None:
+            record.noop("no new panes")
+            return
+        new = inc.read(ctx.store).persist()
+        stats = {
+            r["aggregation"]: r
+            for r in new.groupBy("aggregation")
+            .agg(F.max("watermark").alias("watermark"), F.max("run").alias("run"), F.count(F.lit(1)).alias("n"))
+            .collect()
+        }
+        closed = {
+            r["aggregation"]: r["c"]
+            for r in ctx.store.read(GOLD_METRIC_WINDOWS, where="kind = 'window'")
+            .groupBy("aggregation")
+            .agg(F.max("closed_through").alias("c"))
+            .collect()
+        }
+        unknown = sorted(set(stats) - set(aggs))
+        if unknown:
+            record.add(**{f"{name}.unconfigured_panes": stats[name]["n"] for name in unknown})
+        outs = []
+        for name, s in stats.items():
+            agg = aggs.get(name)
+            if agg is None:
+                continue
+            mine = new.where(F.col("aggregation") == name)
+            if agg.raw:
+                outs.append(raw_rows(mine))
+                continue
+            prev = closed.get(name)
+            through = s["watermark"] if prev is None else max(prev, s["watermark"])
+            panes = ctx.store.read(SILVER_METRIC_PANES, where=f"aggregation = '{name}' AND run <= {s['run']}")
+            if prev is not None:
+                panes = panes.where(F.col("pane_start") >= F.lit(earliest_pane(prev, agg)))
+            outs.append(close_windows(agg, mine, panes, prev, through))
+        rows = finish(_union(outs).toArrow()) if outs else GOLD_METRIC_WINDOWS.arrow_schema.empty_table()
+        new.unpersist()
+        ctx.store.append(GOLD_METRIC_WINDOWS, rows, [inc.txn])
+        kinds = {d["values"]: d["counts"] for d in pc.value_counts(rows["kind"]).to_pylist()} if rows.num_rows else {}
+        record.rows_in = sum(int(s["n"]) for s in stats.values())
+        record.rows_out = rows.num_rows
+        record.add(pane_rows=record.rows_in, **{f"{k}_rows": v for k, v in kinds.items()})
+        ctx.say(
+            f"gold/metric_windows: {record.rows_in:,} pane rows -> {kinds.get('window', 0):,} closed windows, "
+            f"{kinds.get('late', 0):,} late rows, {kinds.get('raw', 0):,} raw rows"
+        )
+
+    return run_job(ctx, "gold.metric_windows", body)
+
+
+def _union(frames: Sequence[DataFrame]) -> DataFrame:
+    out = frames[0]
+    for df in frames[1:]:
+        out = out.unionByName(df)
+    return out

@@ -205,6 +205,104 @@ class QualitySettings(_Section):
         return v
 
 
+ACCUMULATORS = ("sum", "count", "min", "max", "increase", "quantiles", "distinct", "frequency")
+KEYED_SKETCHES = ("distinct", "frequency")
+
+
+class AggregationSettings(_Section):
+    """One precomputed metric aggregation: which samples, how they are keyed, windowed and summarised."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,62}$", description="identifier used by medallion query")
+    selector: str = Field(description='metric name with optional matchers: node_cpu_seconds_total{mode!="idle"}')
+    window: Duration = Field(default=timedelta(minutes=1), description="window size")
+    slide: Duration | None = Field(default=None, description="pane size; unset = window (tumbling)")
+    accumulators: StrList = Field(default_factory=lambda: ["sum", "count", "min", "max"])
+    grouping_labels: StrList | None = Field(
+        default=None, description="labels kept in the output key (unset: every label not rolled up)"
+    )
+    rollup_labels: StrList = Field(default_factory=list, description="labels dropped at ingest")
+    aggregated_labels: StrList = Field(
+        default_factory=list, description="labels whose values the distinct / frequency sketches count"
+    )
+    allowed_lateness: Duration = timedelta(minutes=1)
+    late: Literal["drop", "forward"] = "drop"
+    raw: bool = Field(default=False, description="store every sample as a point window, without aggregation")
+    kll_k: int = Field(default=200, ge=8, le=65535, description="KLL sketch size (rank error ~1.33% at 200)")
+    hll_lg_k: int = Field(default=12, ge=4, le=21, description="HLL log2 of buckets (error ~1.6% at 12)")
+    cms_eps: float = Field(default=0.001, gt=0, lt=1, description="count-min relative error")
+    cms_confidence: float = Field(default=0.99, gt=0, lt=1)
+    top_candidates: int = Field(default=20, ge=1, le=10_000, description="values per pane kept for top-N")
+
+    @field_validator("selector")
+    @classmethod
+    def _selector(cls, v: str) -> str:
+        from silver.selectors import parse_selector
+
+        return str(parse_selector(v))
+
+    @field_validator("accumulators")
+    @classmethod
+    def _accumulators(cls, v: list[str]) -> list[str]:
+        unknown = [a for a in v if a not in ACCUMULATORS]
+        if unknown:
+            raise ValueError(f"unknown accumulator(s) {unknown}: choose from {', '.join(ACCUMULATORS)}")
+        return list(dict.fromkeys(v))
+
+    @model_validator(mode="after")
+    def _shape(self) -> AggregationSettings:
+        _positive(self.window, "window")
+        slide = self.slide or self.window
+        _positive(slide, "slide")
+        if self.allowed_lateness < timedelta(0):
+            raise ValueError("allowed_lateness must not be negative")
+        ratio = self.window / slide
+        if slide > self.window or abs(ratio - round(ratio)) > 1e-9:
+            raise ValueError(f"window {self.window} must be a whole multiple of slide {slide}")
+        if round(ratio) > 1440:
+            raise ValueError(f"window/slide = {round(ratio)} panes per window; keep it at most 1440")
+        self.slide = slide
+        grouped = set(self.grouping_labels or ())
+        for what, labels in (("rollup_labels", self.rollup_labels), ("aggregated_labels", self.aggregated_labels)):
+            both = grouped & set(labels)
+            if both:
+                raise ValueError(f"label(s) {sorted(both)} are both in grouping_labels and {what}")
+        if "__name__" in grouped:
+            raise ValueError("grouping_labels must not hold __name__: the aggregation is for one metric")
+        keyed = [a for a in self.accumulators if a in KEYED_SKETCHES]
+        if keyed and not self.aggregated_labels:
+            raise ValueError(f"{', '.join(keyed)} count label values: set aggregated_labels")
+        if self.late == "forward" and "increase" in self.accumulators:
+            raise ValueError(
+                "late: forward cannot be used with increase (a late sample changes the deltas of its "
+                "neighbours, which are already counted); use late: drop or a larger allowed_lateness"
+            )
+        if not self.raw and not self.accumulators:
+            raise ValueError("accumulators must not be empty")
+        return self
+
+
+class MetricsSettings(_Section):
+    aggregations: list[AggregationSettings] = Field(
+        default_factory=list, description="precomputed aggregations over bronze/samples (a YAML list)"
+    )
+
+    @field_validator("aggregations")
+    @classmethod
+    def _unique(cls, v: list[AggregationSettings]) -> list[AggregationSettings]:
+        names = [a.name for a in v]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"aggregation name(s) used twice: {twice}")
+        return v
+
+    def get(self, name: str) -> AggregationSettings:
+        for a in self.aggregations:
+            if a.name == name:
+                return a
+        known = ", ".join(a.name for a in self.aggregations) or "none configured"
+        raise SettingsError([f"metrics.aggregations: no aggregation named {name!r} ({known})"])
+
+
 def redact_url(url: str) -> str:
     """Hide a password embedded in a URL (``scheme://user:secret@host``)."""
     return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
@@ -236,6 +334,7 @@ class Settings(BaseSettings):
     buckets: BucketSettings = Field(default_factory=BucketSettings)
     remote_write: RemoteWriteSettings = Field(default_factory=RemoteWriteSettings)
     quality: QualitySettings = Field(default_factory=QualitySettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
 
     @field_validator("lake_root")
     @classmethod
@@ -319,7 +418,13 @@ def _describe(error: dict[str, Any]) -> str:
     msg = error.get("msg", "invalid value").removeprefix("Value error, ")
     if not fields:
         return f"settings: {msg}"
-    dotted = ".".join(fields)
+    # The config key keeps list positions (metrics.aggregations[0].window); the variable cannot.
+    dotted = ""
+    for p in loc:
+        if isinstance(p, int):
+            dotted += f"[{p}]"
+        elif not p.startswith("function-"):
+            dotted += ("." if dotted else "") + p
     value = error.get("input")
     shown = ""
     if isinstance(value, str | int | float) and not re.search(r"password|secret", dotted):

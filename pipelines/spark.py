@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -69,6 +70,10 @@ def spark_confs(settings: Settings) -> dict[str, str]:
     confs["spark.sql.warehouse.dir"] = f"{settings.lake_root}/_spark_warehouse"
     confs["spark.sql.shuffle.partitions"] = str(settings.spark.shuffle_partitions)
     confs["spark.driver.memory"] = settings.spark.driver_memory
+    if not os.environ.get("PYSPARK_PYTHON"):
+        # Python workers (pandas UDFs) need this interpreter's packages; Spark's default is
+        # whatever ``python3`` is first on PATH, which outside an activated venv has none of them.
+        confs["spark.pyspark.python"] = sys.executable
     if settings.delta_engine == "delta-spark":
         confs.update(DELTA_CONFS)
         if settings.delta_jars:

@@ -13,10 +13,12 @@ from bronze.landing import QUARANTINE_SCHEMA
 from bronze.page_changes import BRONZE_PAGE_CHANGES_SCHEMA
 from bronze.samples import BRONZE_SAMPLES_SCHEMA
 from gold.export import EXPORTED_SCHEMA, OUTBOX_SCHEMA
+from gold.metric_windows import METRIC_WINDOWS_SCHEMA
 from gold.property_values import PARTIALS_SCHEMA, PROPERTY_VALUES_SCHEMA
 from pipelines.eventlog import EXPECTATION_RESULTS, PIPELINE_EVENTS
 from pipelines.storage import TableSpec
 from silver.events import SILVER_EVENTS_SCHEMA
+from silver.metric_panes import METRIC_PANES_SCHEMA, METRIC_STATE_SCHEMA
 from silver.page_changes import PAGE_CHANGE_STATE_SCHEMA, SILVER_PAGE_CHANGES_SCHEMA
 
 BRONZE_EVENTS = TableSpec("bronze", "events", BRONZE_EVENTS_SCHEMA, description="product events as ingested")
@@ -49,6 +51,24 @@ SILVER_PAGE_CHANGE_STATE = TableSpec(
     "page_change_state",
     PAGE_CHANGE_STATE_SCHEMA,
     description="dedup state: open-window events, last emitted per key, outbox, progress",
+)
+SILVER_METRIC_PANES = TableSpec(
+    "silver",
+    "metric_panes",
+    METRIC_PANES_SCHEMA,
+    description="final panes (slide-sized slices) of each metric aggregation, summarised",
+)
+SILVER_METRIC_STATE = TableSpec(
+    "silver",
+    "metric_pane_state",
+    METRIC_STATE_SCHEMA,
+    description="metric state: samples of open panes, newest counted sample per series, progress, outbox",
+)
+GOLD_METRIC_WINDOWS = TableSpec(
+    "gold",
+    "metric_windows",
+    METRIC_WINDOWS_SCHEMA,
+    description="closed windows of each metric aggregation (plus late and raw rows)",
 )
 GOLD_PARTIALS = TableSpec(
     "gold",
@@ -102,9 +122,12 @@ ALL_TABLES: tuple[TableSpec, ...] = (
     SILVER_EVENTS,
     SILVER_PAGE_CHANGES,
     SILVER_PAGE_CHANGE_STATE,
+    SILVER_METRIC_PANES,
+    SILVER_METRIC_STATE,
     GOLD_PARTIALS,
     GOLD_PROPERTY_VALUES,
     GOLD_EXPORTED,
+    GOLD_METRIC_WINDOWS,
     PIPELINE_EVENTS,
     EXPECTATION_RESULTS,
     EXPORT_OUTBOX,
