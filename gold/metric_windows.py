@@ -200,9 +200,9 @@ def _as_rows(df: DataFrame, kind: str, closed_through: datetime | None) -> DataF
     )
 
 
-def earliest_pane(closed: datetime, agg: AggregationSettings) -> datetime:
-    """The first pane a window ending after ``closed`` can hold."""
-    return closed + (agg.slide or agg.window) - agg.window
+def panes_after(closed: datetime, agg: AggregationSettings) -> Column:
+    """Panes some window ending after ``closed`` holds: those starting after ``closed - window``."""
+    return F.col("pane_start") > F.lit(closed - agg.window)
 
 
 # -- queries --------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from bronze.events import BRONZE_EVENTS_COLUMNS, parse_events
 from bronze.landing import quarantined, valid
 from bronze.page_changes import BRONZE_PAGE_CHANGES_COLUMNS, parse_page_changes
 from gold.export import EXPORT_COLUMNS, EXPORT_DATASET, export_batch, watermark
-from gold.metric_windows import close_windows, earliest_pane, finish, raw_rows
+from gold.metric_windows import close_windows, finish, panes_after, raw_rows
 from gold.property_values import (
     MERGE_ON,
     MERGE_UPDATE,
@@ -701,7 +701,7 @@ def gold_metric_windows(ctx: Context) -> RunRecord:
             through = s["watermark"] if prev is None else max(prev, s["watermark"])
             panes = ctx.store.read(SILVER_METRIC_PANES, where=f"aggregation = '{name}' AND run <= {s['run']}")
             if prev is not None:
-                panes = panes.where(F.col("pane_start") >= F.lit(earliest_pane(prev, agg)))
+                panes = panes.where(panes_after(prev, agg))
             outs.append(close_windows(agg, mine, panes, prev, through))
         rows = finish(_union(outs).toArrow()) if outs else GOLD_METRIC_WINDOWS.arrow_schema.empty_table()
         new.unpersist()

@@ -15,7 +15,7 @@ from typing import Any
 
 from pyspark.sql import functions as F
 
-from gold.metric_windows import WINDOW_KEY, answer, earliest_pane, merged, windows_of
+from gold.metric_windows import WINDOW_KEY, answer, merged, panes_after, windows_of
 from pipelines.errors import InputError
 from pipelines.runner import Context
 from pipelines.tables import GOLD_METRIC_WINDOWS, SILVER_METRIC_PANES, SILVER_METRIC_STATE
@@ -62,7 +62,7 @@ def query(
         through = closed["c"] if closed else None
         panes = ctx.store.read(SILVER_METRIC_PANES, where=where)
         if through is not None:
-            panes = panes.where(F.col("pane_start") >= F.lit(earliest_pane(through, agg)))
+            panes = panes.where(panes_after(through, agg))
         candidates = windows_of(panes, agg)
         if through is not None:
             candidates = candidates.where(F.col("window_end") > F.lit(through))
