@@ -154,6 +154,39 @@ def demo(state: State, events: int, page_changes: int, as_json: bool) -> None:
     print_summary(result)
 
 
+def print_metrics(m: dict[str, Any] | None) -> None:
+    if not m:
+        return
+    console.print(
+        f"Metrics: {m['samples']:,} remote-write samples -> {m['panes']:,} pane rows -> {m['windows']:,} window rows "
+        f"({', '.join(m['aggregations'])})"
+    )
+    if m.get("cpu_rate_by_mode"):
+        console.print(f"cpu_by_mode: CPU seconds per second over all hosts, 5-minute window ending {m['cpu_window']}")
+        t = Table()
+        t.add_column("mode")
+        t.add_column("rate", justify="right")
+        for mode, rate in sorted(m["cpu_rate_by_mode"].items()):
+            t.add_row(mode, f"{rate:,.3f}")
+        console.print(t)
+    if m.get("http_latency"):
+        t = Table(title="http_latency: 10-minute windows (quantiles from merged KLL sketches)")
+        for c in ("window start", "requests", "p50 ms", "p99 ms", "distinct paths", "top paths"):
+            t.add_column(c, justify="left" if c in ("window start", "top paths") else "right")
+        for r in m["http_latency"]:
+            t.add_row(
+                r["window_start"][:16],
+                f"{r['requests']:,}",
+                f"{r['p50_ms']}",
+                f"{r['p99_ms']}",
+                f"{r['distinct_paths']}",
+                ", ".join(r["top_paths"]),
+            )
+        console.print(t)
+    prefix = f"MEDALLION_CONFIG={m['config']} " if m.get("config") else ""
+    console.print(f"Ask more with: {prefix}medallion query --aggregation cpu_by_mode --group-by mode")
+
+
 def print_summary(result: dict[str, Any]) -> None:
     t = Table(title="Tables", title_justify="left")
     t.add_column("table")
@@ -174,6 +207,7 @@ def print_summary(result: dict[str, Any]) -> None:
     f.add_row("late corrections / gated", f"{result['late_corrections']:,} / {result['gated']:,}")
     f.add_row("sum(count): gold / ClickHouse", f"{result['gold_count_sum']:,} / {result['clickhouse_count_sum']:,}")
     console.print(f)
+    print_metrics(result.get("metrics"))
     console.print(f"Delta tables under [bold]{result['lake_root']}[/bold]; ClickHouse at {result['clickhouse']}")
     console.print('Query them with: medallion sql "SELECT * FROM gold_property_values LIMIT 10"')
 

@@ -2,7 +2,8 @@
 
 Lands the shipped PostHog and MediaWiki fixtures, a few malformed records (to show quarantine)
 and a seeded synthetic stream into bronze; runs silver, gold and the ClickHouse export on the
-embedded engine; prints what came out. Every step is idempotent, so a second run changes nothing.
+embedded engine; precomputes metric windows over remote-write samples (``demo_metrics``); prints
+what came out. Every step is idempotent, so a second run changes nothing.
 """
 
 from __future__ import annotations
@@ -85,7 +86,10 @@ def run_demo(ctx: Context, size: DemoSize) -> dict[str, Any]:
     jobs.gold_partials(ctx)
     jobs.gold_merge(ctx)
     jobs.export_property_values(ctx, drain=True)
-    return summary(ctx)
+    from pipelines.demo_metrics import run_metrics
+
+    metrics = run_metrics(ctx)
+    return {**summary(ctx), "metrics": metrics}
 
 
 def summary(ctx: Context) -> dict[str, Any]:

@@ -22,12 +22,17 @@ TABLES = (
     "silver/events",
     "silver/page_changes",
     "gold/property_values",
+    "bronze/samples",
+    "silver/metric_panes",
+    "gold/metric_windows",
     "_meta/pipeline_events",
 )
 
 
-def medallion(lake: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def medallion(lake: Path, *args: str, config: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEDALLION_")}
+    if config is not None:
+        env["MEDALLION_CONFIG"] = str(config)
     return subprocess.run(
         [sys.executable, "-m", "pipelines.cli", "--lake-root", str(lake), *args],
         capture_output=True,
@@ -96,6 +101,25 @@ def test_demo_exports_gold_counts_to_clickhouse(lake: Path) -> None:
     assert summary["tables"]["gold/property_value_partials"] > gold.num_rows
 
 
+def test_demo_precomputes_metric_windows_and_query_answers_from_them(lake: Path) -> None:
+    metrics = json.loads((lake.parent / "first.json").read_text())["metrics"]
+    assert metrics["samples"] > 10_000 and 0 < metrics["panes"] < metrics["samples"]
+    rates = metrics["cpu_rate_by_mode"]
+    # 4 hosts x 2 cpus: 70% idle, 20% user, 8% system of 8 CPU seconds per second (iowait excluded).
+    assert rates["idle"] == pytest.approx(5.6, rel=0.05) and rates["user"] == pytest.approx(1.6, rel=0.1)
+    assert set(rates) == {"idle", "user", "system"}
+    latency = metrics["http_latency"]
+    assert len(latency) == 6 and all(w["distinct_paths"] == 7 and w["p50_ms"] < w["p99_ms"] for w in latency)
+    config = Path(metrics["config"])
+    out = medallion(lake, "query", "-a", "cpu_by_mode", "--group-by", "mode", "--json", config=config)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["rows"]
+    assert {r["mode"] for r in rows} == {"idle", "user", "system"}
+    assert all(r["increase"] >= 0 for r in rows)
+    missing = medallion(lake, "query", "-a", "nope", config=config)
+    assert missing.returncode != 0 and "no aggregation named 'nope'" in missing.stderr
+
+
 def test_second_demo_run_changes_no_table(lake: Path) -> None:
     before = {key: table(lake, key).num_rows for key in TABLES if not key.startswith("_meta")}
     second = medallion(lake, "demo", "--events", "3000", "--page-changes", "1000", "--json")
@@ -123,7 +147,7 @@ def test_status_and_sql_read_the_lake(lake: Path) -> None:
 def test_run_once_is_a_noop_when_up_to_date(lake: Path) -> None:
     out = medallion(lake, "run", "all", "--once")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.count("noop") == 5
+    assert out.stdout.count("noop") == 7  # silver x2, gold x2, export, metric panes and windows
 
 
 def test_validate_passes_on_the_demo_lake(lake: Path) -> None:
