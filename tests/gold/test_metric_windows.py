@@ -299,3 +299,28 @@ def test_count_min_sketches_merge_by_adding_counters(spark: SparkSession) -> Non
     other = spark.createDataFrame([("a",)], ["x"]).selectExpr("count_min_sketch(x, 0.1d, 0.9d, 1) AS s").first()["s"]
     with pytest.raises(ValueError, match="different shape or seeds"):
         merge_cms([one, other])
+
+
+def test_selectors_match_as_prometheus_does(spark: SparkSession) -> None:
+    from silver.selectors import parse_selector
+
+    rows = [
+        ("up", {"job": "node", "env": "prod"}),
+        ("up", {"job": "nodes"}),
+        ("up", {"job": "api", "env": "dev"}),
+        ("down", {"job": "node"}),
+    ]
+    df = spark.createDataFrame(rows, "metric_name string, labels map<string,string>")
+
+    def jobs_of(selector: str) -> list[str]:
+        return sorted(r["labels"]["job"] for r in df.where(parse_selector(selector).sql()).collect())
+
+    assert jobs_of("up") == ["api", "node", "nodes"]
+    assert jobs_of('up{job="node"}') == ["node"]
+    assert jobs_of('up{job=~"node"}') == ["node"], "regexes are anchored"
+    assert jobs_of('up{job=~"node.*"}') == ["node", "nodes"]
+    assert jobs_of('up{job!~"node.*"}') == ["api"]
+    assert jobs_of('up{env=""}') == ["nodes"], "a missing label matches the empty string"
+    assert jobs_of('up{env!="", job!="api"}') == ["node"]
+    assert jobs_of('{__name__="down"}') == ["node"]
+    assert jobs_of('up{job="it\'s"}') == []

@@ -70,3 +70,52 @@ def test_vmagent_remote_write_lands_node_metrics(
     vmagent_factory(f"http://127.0.0.1:{receiver.port}/api/v1/write", [node_exporter.target])
     table = wait_for_samples(receiver, lambda t: "node_load1" in set(t["metric_name"].to_pylist()))
     assert all(lbl.get("instance") == node_exporter.target for lbl in label_sets(table, "node_load1"))
+
+
+def test_prometheus_cpu_seconds_give_plausible_rates_by_mode(
+    spark,  # type: ignore[no-untyped-def]
+    receiver: RunningReceiver,
+    node_exporter: NodeExporter,
+    prometheus_factory: Callable[..., Prometheus],
+) -> None:
+    """Real node_cpu_seconds_total through panes and windows: a non-negative rate per mode, at most
+    the machine's CPU count (CPU seconds per second), with idle and user time present."""
+    import os
+
+    from pipelines import jobs
+    from pipelines.metrics import query
+    from pipelines.runner import Context
+    from pipelines.settings import load_settings
+    from pipelines.storage import open_store
+
+    prometheus_factory(f"http://127.0.0.1:{receiver.port}/api/v1/write", [node_exporter.target])
+
+    def enough(t: pa.Table) -> bool:
+        cpu = t.filter(pc.equal(t["metric_name"], "node_cpu_seconds_total"))
+        if cpu.num_rows == 0:
+            return False
+        span = pc.max(cpu["timestamp"]).as_py() - pc.min(cpu["timestamp"]).as_py()
+        return span.total_seconds() >= 8
+
+    wait_for_samples(receiver, enough, timeout_s=60)
+    aggregation = {
+        "name": "cpu",
+        "selector": "node_cpu_seconds_total",
+        "window": "4s",
+        "slide": "2s",
+        "accumulators": ["increase", "count"],
+        "grouping_labels": ["mode"],
+        "allowed_lateness": "0s",
+    }
+    settings = load_settings(lake_root=str(receiver.lake), metrics={"aggregations": [aggregation]})
+    ctx = Context(settings=settings, spark=spark, store=open_store(settings, spark))
+    jobs.silver_metric_panes(ctx, drain=True)
+    jobs.gold_metric_windows(ctx)
+    rows = query(ctx, "cpu", group_by=["mode"], include_open=False)
+    assert rows, "no closed windows"
+    assert {r["mode"] for r in rows} >= {"idle", "user", "system"}
+    cpus = os.cpu_count() or 1
+    for r in rows:
+        assert 0 <= r["rate"] <= cpus * 1.5, r  # scrape jitter stretches a window's deltas a little
+    assert any(r["rate"] > 0 for r in rows if r["mode"] == "idle")
+    assert any(r["rate"] > 0 for r in rows if r["mode"] == "user")

@@ -141,3 +141,62 @@ def test_cli_settings_and_help_never_show_secrets(tmp_path: Path) -> None:
     assert "hunter2" not in shown.stdout and "pw123" not in shown.stdout and "http://u:***@h:8123" in shown.stdout
     helped = run_cli("--help", env=env, cwd=tmp_path)
     assert helped.returncode == 0 and "hunter2" not in helped.stdout and "medallion" in helped.stdout
+
+
+METRICS_YAML = """
+metrics:
+  aggregations:
+    - name: cpu
+      selector: node_cpu_seconds_total{mode!="idle", cpu=~"0|1"}
+      window: 5m
+      slide: 1m
+      accumulators: [increase, quantiles]
+      grouping_labels: [mode]
+"""
+
+
+def test_metric_aggregations_from_a_yaml_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    path = tmp_path / "medallion.yaml"
+    path.write_text(METRICS_YAML)
+    monkeypatch.setenv("MEDALLION_CONFIG", str(path))
+    (agg,) = load_settings().metrics.aggregations
+    assert agg.selector == 'node_cpu_seconds_total{mode!="idle",cpu=~"0|1"}'
+    assert (agg.window, agg.slide, agg.late, agg.accumulators) == (
+        timedelta(minutes=5),
+        timedelta(minutes=1),
+        "drop",
+        ["increase", "quantiles"],
+    )
+    tumbling = load_settings(metrics={"aggregations": [{"name": "t", "selector": "up", "window": "30s"}]})
+    assert tumbling.metrics.aggregations[0].slide == timedelta(seconds=30)
+
+
+@pytest.mark.parametrize(
+    ("aggregation", "message"),
+    [
+        ({"window": "5m", "slide": "2m"}, "must be a whole multiple of slide"),
+        ({"window": "1m", "slide": "5m"}, "must be a whole multiple of slide"),
+        ({"accumulators": ["sum", "p99"]}, "unknown accumulator(s) ['p99']"),
+        ({"accumulators": ["distinct"]}, "distinct count label values: set aggregated_labels"),
+        ({"accumulators": ["increase"], "late": "forward"}, "late: forward cannot be used with increase"),
+        ({"selector": 'up{job=~"("}'}, "bad regex"),
+        ({"selector": '{job="x"}'}, "a selector needs a metric name"),
+        ({"selector": "up{job=x}"}, "cannot read a matcher"),
+        ({"grouping_labels": ["job"], "rollup_labels": ["job"]}, "both in grouping_labels and rollup_labels"),
+        ({"late": "later"}, "metrics.aggregations[0].late"),
+        ({"name": "Bad Name"}, "metrics.aggregations[0].name"),
+    ],
+)
+def test_bad_metric_aggregations_name_the_problem(aggregation: dict, message: str) -> None:
+    with pytest.raises(SettingsError) as err:
+        load_settings(metrics={"aggregations": [{"name": "a", "selector": "up", **aggregation}]})
+    assert message in str(err.value)
+
+
+def test_aggregation_names_are_unique_and_looked_up_with_a_clear_error() -> None:
+    twice = [{"name": "a", "selector": "up"}, {"name": "a", "selector": "down"}]
+    with pytest.raises(SettingsError, match="used twice"):
+        load_settings(metrics={"aggregations": twice})
+    settings = load_settings(metrics={"aggregations": twice[:1]})
+    with pytest.raises(SettingsError, match="no aggregation named 'b' \\(a\\)"):
+        settings.metrics.get("b")
