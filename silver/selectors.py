@@ -36,15 +36,16 @@ class Matcher:
 
 @dataclass(frozen=True)
 class Selector:
-    metric: str
+    metric: str | None  # None when __name__ is matched by a regex or inequality
     matchers: tuple[Matcher, ...] = ()
 
     def sql(self, name: str = "metric_name", labels: str = "labels") -> str:
-        return " AND ".join([f"{name} = '{_sql_str(self.metric)}'", *(m.sql(labels) for m in self.matchers)])
+        by_name = [f"{name} = '{_sql_str(self.metric)}'"] if self.metric else []
+        return " AND ".join([*by_name, *(m.sql(labels) for m in self.matchers)])
 
     def __str__(self) -> str:
         inner = ",".join(f'{m.label}{m.op}"{m.value}"' for m in self.matchers)
-        return self.metric + (f"{{{inner}}}" if inner else "")
+        return (self.metric or "") + (f"{{{inner}}}" if inner else "")
 
 
 def _sql_str(s: str) -> str:
@@ -78,6 +79,6 @@ def parse_selector(text: str) -> Selector:
                 raise ValueError(f"{text!r}: two metric names")
             name = matcher.value
             matchers.remove(matcher)
-    if not name:
-        raise ValueError(f"{text!r}: a selector needs a metric name")
+    if not name and not any(m.label == "__name__" for m in matchers):
+        raise ValueError(f"{text!r}: a selector needs a metric name or a __name__ matcher")
     return Selector(name, tuple(matchers))

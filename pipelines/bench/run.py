@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,7 @@ class Bench:
     def clickhouse_dsn(self) -> str:
         return f"chdb://{self.out / 'work' / 'clickhouse'}"
 
-    def context(self, tag: str, quality: bool = True) -> Context:
+    def context(self, tag: str, quality: bool = True, **settings: Any) -> Context:
         """A fresh lake and ClickHouse database; ``quality=False`` for runs that count rows, not time."""
         self._runs += 1
         lake = self.out / "work" / f"{tag}-{self._runs}"
@@ -61,6 +61,7 @@ class Bench:
             lake_root=str(lake),
             clickhouse={"dsn": self.clickhouse_dsn, "database": f"bench_{tag}_{self._runs}".replace("-", "_")},
             quality={"enabled": quality},
+            **settings,
         )
         return Context(settings=settings, spark=self.spark, store=open_store(settings, self.spark), say=lambda _: None)
 
@@ -307,6 +308,39 @@ def spark_dedup_peer(b: Bench, ctx: Context) -> None:
     b.figures["silver page changes"].peer = fig.stage
 
 
+# -- metric panes ---------------------------------------------------------------------------------
+PANE_SHAPES = {
+    "samples -> metric windows (tumbling 1m)": {"window": "1m"},
+    "samples -> metric windows (sliding 1m, 6 panes)": {"window": "1m", "slide": "10s"},
+}
+
+
+def metric_panes_stage(b: Bench, w: Workload) -> None:
+    """Samples/s through panes into closed windows, tumbling against sliding with 6 panes a window."""
+    from pipelines.sources.remote_write import SNAPPY, decode
+    from pipelines.sources.remote_write_server import samples_table
+
+    series = [s for body in w.remote_write_bodies for s in decode(body, SNAPPY, 1 << 30)]
+    table = samples_table(series, "prometheus", "bench", datetime.now(UTC))
+    for stage, shape in PANE_SHAPES.items():
+        fig = b.figure(stage, "samples")
+        aggregation = {
+            "name": "bench",
+            "selector": '{__name__=~"node_metric_.*"}',
+            "accumulators": ["sum", "count", "min", "max", "increase", "quantiles"],
+            "grouping_labels": ["mode"],
+            **shape,
+        }
+        for attempt in range(b.repeats + 1):
+            ctx = b.context("metrics", metrics={"aggregations": [aggregation]})
+            ctx.store.ensure(BRONZE_SAMPLES)
+            ctx.store.append(BRONZE_SAMPLES, table)
+            with timed(warm_up_first(fig, attempt), table.num_rows):
+                jobs.silver_metric_panes(ctx, drain=True)
+                jobs.gold_metric_windows(ctx)
+        fig.note = "silver panes + gold windows, 4 keys (mode), 6 accumulators incl. increase and KLL"
+
+
 # -- reduction, dedup, state ----------------------------------------------------------------------
 def reduction(b: Bench, w: Workload) -> list[dict[str, Any]]:
     """Records per event single-stage (partials) vs two-stage (gold = what ClickHouse gets), by pods."""
@@ -396,6 +430,8 @@ def run_bench(
     kafka_stage(b, w)
     say("remote write")
     remote_write_stage(b, w)
+    say("metric panes: tumbling vs sliding")
+    metric_panes_stage(b, w)
     say("reduction by pods, dedup by window, buffer growth")
     b.extra["reduction"] = reduction(b, w)
     b.extra["dedup"] = dedup_by_window(ctx)
@@ -407,7 +443,7 @@ def run_bench(
             scaling[name] = {
                 s: f.as_dict()["median_seconds"]
                 for s, f in b.figures.items()
-                if not s.startswith(("peer", "remote", "Kafka", "end"))
+                if not s.startswith(("peer", "remote", "Kafka", "end", "samples"))
             }
         else:
             stages: dict[str, float] = {}

@@ -324,3 +324,4 @@ def test_selectors_match_as_prometheus_does(spark: SparkSession) -> None:
     assert jobs_of('up{env!="", job!="api"}') == ["node"]
     assert jobs_of('{__name__="down"}') == ["node"]
     assert jobs_of('up{job="it\'s"}') == []
+    assert jobs_of('{__name__=~"up|down", job="node"}') == ["node", "node"]

@@ -62,6 +62,8 @@ def test_every_stage_has_a_figure_or_says_why_not(bench: tuple[Path, dict[str, A
         "Kafka -> bronze (Tansu)",
         "remote write: decode only",
         "remote write -> bronze",
+        "samples -> metric windows (tumbling 1m)",
+        "samples -> metric windows (sliding 1m, 6 panes)",
     }
     assert expected <= stages.keys()
     for name, s in stages.items():
