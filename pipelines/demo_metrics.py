@@ -71,9 +71,9 @@ def demo_series(seed: int = 3, minutes: int = 60) -> list[Series]:
                 out.append(Series(labels, times, values))
         for path in PATHS:
             base = 0.02 if path.startswith("/static") else 0.15
-            labels = (("__name__", "http_request_duration_seconds"), ("instance", host), ("path", path))
+            route = (("__name__", "http_request_duration_seconds"), ("instance", host), ("path", path))
             hits = [t for t in times if rng.random() < (0.9 if path in ("/", "/api/items") else 0.4)]
-            out.append(Series(labels, hits, [rng.lognormvariate(0, 0.6) * base for _ in hits]))
+            out.append(Series(route, hits, [rng.lognormvariate(0, 0.6) * base for _ in hits]))
     return out
 
 

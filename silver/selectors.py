@@ -22,9 +22,11 @@ class Matcher:
     op: str
     value: str
 
-    def sql(self, labels: str = "labels") -> str:
-        """A Spark SQL predicate over the map column ``labels``."""
-        col = f"coalesce({labels}['{_sql_str(self.label)}'], '')"
+    def sql(self, labels: str = "labels", name: str = "metric_name") -> str:
+        """A Spark SQL predicate over the map column ``labels`` (``__name__`` is column ``name``)."""
+        col = (
+            f"coalesce({name}, '')" if self.label == "__name__" else f"coalesce({labels}['{_sql_str(self.label)}'], '')"
+        )
         value = _sql_str(self.value if self.op in ("=", "!=") else f"^(?:{self.value})$")
         return {
             "=": f"{col} = '{value}'",
@@ -41,7 +43,7 @@ class Selector:
 
     def sql(self, name: str = "metric_name", labels: str = "labels") -> str:
         by_name = [f"{name} = '{_sql_str(self.metric)}'"] if self.metric else []
-        return " AND ".join([*by_name, *(m.sql(labels) for m in self.matchers)])
+        return " AND ".join([*by_name, *(m.sql(labels, name) for m in self.matchers)])
 
     def __str__(self) -> str:
         inner = ",".join(f'{m.label}{m.op}"{m.value}"' for m in self.matchers)

@@ -52,7 +52,7 @@ class Bench:
     def clickhouse_dsn(self) -> str:
         return f"chdb://{self.out / 'work' / 'clickhouse'}"
 
-    def context(self, tag: str, quality: bool = True, **settings: Any) -> Context:
+    def context(self, tag: str, quality: bool = True, **overrides: Any) -> Context:
         """A fresh lake and ClickHouse database; ``quality=False`` for runs that count rows, not time."""
         self._runs += 1
         lake = self.out / "work" / f"{tag}-{self._runs}"
@@ -61,7 +61,7 @@ class Bench:
             lake_root=str(lake),
             clickhouse={"dsn": self.clickhouse_dsn, "database": f"bench_{tag}_{self._runs}".replace("-", "_")},
             quality={"enabled": quality},
-            **settings,
+            **overrides,
         )
         return Context(settings=settings, spark=self.spark, store=open_store(settings, self.spark), say=lambda _: None)
 
