@@ -37,6 +37,7 @@ JOBS = (
     "gold-merge",
     "export",
     "metrics",
+    "counters",
     "all",
 )
 
@@ -154,6 +155,28 @@ def demo(state: State, events: int, page_changes: int, as_json: bool) -> None:
     print_summary(result)
 
 
+def print_counters(c: dict[str, Any] | None) -> None:
+    if not c:
+        return
+    console.print(
+        f"Counters: {c['increments']:,} increments -> {c['counter_writes']:,} counter writes "
+        f"({c['increments_per_write']} per write), {c['milestones']:,} milestones, "
+        f"{c['clickhouse_rows']:,} rows to ClickHouse"
+    )
+    for name, shown in c["counters"].items():
+        console.print(f"{name}: top of {shown['entities']:,} entities")
+        t = Table()
+        for col in ("entity", "total", "milestones"):
+            t.add_column(col, justify="right" if col == "total" else "left")
+        for r in shown["top"]:
+            t.add_row(r["entity"], f"{r['total']:,}", ", ".join(f"{m:,}" for m in r["milestones"]))
+        console.print(t)
+    if c.get("written_registry"):
+        console.print(
+            f"See more with: MEDALLION_COUNTERS__REGISTRY={c['registry']} medallion counters show pageviews_by_path"
+        )
+
+
 def print_metrics(m: dict[str, Any] | None) -> None:
     if not m:
         return
@@ -208,6 +231,7 @@ def print_summary(result: dict[str, Any]) -> None:
     f.add_row("sum(count): gold / ClickHouse", f"{result['gold_count_sum']:,} / {result['clickhouse_count_sum']:,}")
     console.print(f)
     print_metrics(result.get("metrics"))
+    print_counters(result.get("counters"))
     console.print(f"Delta tables under [bold]{result['lake_root']}[/bold]; ClickHouse at {result['clickhouse']}")
     console.print('Query them with: medallion sql "SELECT * FROM gold_property_values LIMIT 10"')
 
@@ -239,7 +263,13 @@ def job_steps(job: str, buckets: list[int] | None, drain: bool = False) -> list[
     steps["silver"] = steps["silver-events"] + steps["silver-page-changes"]
     steps["gold"] = steps["gold-partials"] + steps["gold-merge"]
     steps["metrics"] = [lambda c: jobs.silver_metric_panes(c, drain=drain), jobs.gold_metric_windows]
-    steps["all"] = steps["silver"] + steps["gold"] + steps["export"] + steps["metrics"]
+    steps["counters"] = [
+        jobs.gold_counter_partials,
+        lambda c: jobs.gold_counters(c, drain=drain),
+        jobs.counter_milestones,
+        jobs.export_counters,
+    ]
+    steps["all"] = steps["silver"] + steps["gold"] + steps["export"] + steps["metrics"] + steps["counters"]
     return steps[job]
 
 
@@ -254,7 +284,8 @@ def run(state: State, job: str, once: bool, interval: float, buckets: tuple[str,
     """Run a job incrementally: it reads only source commits it has not processed yet.
 
     JOB is one of silver, silver-events, silver-page-changes, gold, gold-partials, gold-merge,
-    export, metrics (panes and windows of metrics.aggregations) or all.
+    export, metrics (panes and windows of metrics.aggregations), counters (partials, tiered flush,
+    milestones, ClickHouse) or all.
     Without --once it repeats every --interval seconds until SIGTERM or Ctrl-C,
     finishing the step under way.
     """
@@ -629,6 +660,41 @@ def validate(state: State, tables: tuple[str, ...], as_json: bool) -> None:
                 console.print(f"[dim]{c.table}: {c.note}[/]")
     if failed:
         raise click.exceptions.Exit(1)
+
+
+@cli.group()
+def counters() -> None:
+    """Counters from the registry named by counters.registry."""
+
+
+@counters.command("show")
+@click.argument("name")
+@click.option("--top", default=10, show_default=True, type=click.IntRange(1, 100_000), help="Entities to show.")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@click.pass_obj
+def counters_show(state: State, name: str, top: int, as_json: bool) -> None:
+    """The top entities of counter NAME by total, with their milestones and tier."""
+    from pipelines.counters import show
+
+    ctx = state.context()
+    result = show(ctx, name, top)
+    if as_json:
+        click.echo(json.dumps(result, default=str))
+        return
+    t = Table(title=f"{name}: {result['entities']:,} entities, {result['total']:,} in all", title_justify="left")
+    for c in ("entity", "total", "pending", "flushes", "flushed at", "milestones"):
+        t.add_column(c, justify="left" if c in ("entity", "milestones") else "right")
+    for r in result["top"]:
+        t.add_row(
+            r["entity"],
+            f"{r['total']:,}",
+            f"{r['pending']:,}",
+            f"{r['flushes']:,}",
+            str(r["flushed_at"])[:19],
+            ", ".join(f"{m:,}" for m in r["milestones"]),
+        )
+    console.print(t)
+    console.print(f"[dim]pending: increments waiting for the entity's tier interval ({result['tiers']})[/]")
 
 
 def _when(value: str | None, name: str) -> datetime | None:

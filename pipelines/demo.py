@@ -89,7 +89,10 @@ def run_demo(ctx: Context, size: DemoSize) -> dict[str, Any]:
     from pipelines.demo_metrics import run_metrics
 
     metrics = run_metrics(ctx)
-    return {**summary(ctx), "metrics": metrics}
+    from pipelines.demo_counters import run_counters
+
+    counters = run_counters(ctx)
+    return {**summary(ctx), "metrics": metrics, "counters": counters}
 
 
 def summary(ctx: Context) -> dict[str, Any]:

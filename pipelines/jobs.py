@@ -21,6 +21,17 @@ from pyspark.sql import functions as F
 from bronze.events import BRONZE_EVENTS_COLUMNS, parse_events
 from bronze.landing import quarantined, valid
 from bronze.page_changes import BRONZE_PAGE_CHANGES_COLUMNS, parse_page_changes
+from gold.counters import (
+    COUNTERS_SCHEMA,
+    FLUSH_ON,
+    FLUSH_UPDATE,
+    FLUSH_WHEN,
+    Registry,
+    crossings,
+    flush_source,
+    increments,
+    load_registry,
+)
 from gold.export import EXPORT_COLUMNS, EXPORT_DATASET, export_batch, watermark
 from gold.metric_windows import close_windows, finish, panes_after, raw_rows
 from gold.property_values import (
@@ -45,8 +56,12 @@ from pipelines.tables import (
     BRONZE_PAGE_CHANGES,
     BRONZE_QUARANTINE,
     BRONZE_SAMPLES,
+    COUNTER_EXPORTS,
     EXPORT_OUTBOX,
     EXPORTS,
+    GOLD_COUNTER_MILESTONES,
+    GOLD_COUNTER_PARTIALS,
+    GOLD_COUNTERS,
     GOLD_EXPORTED,
     GOLD_METRIC_WINDOWS,
     GOLD_PARTIALS,
@@ -723,3 +738,163 @@ def _union(frames: Sequence[DataFrame]) -> DataFrame:
     for df in frames[1:]:
         out = out.unionByName(df)
     return out
+
+
+# -- counters -----------------------------------------------------------------------------------
+def counter_registry(ctx: Context) -> Registry | None:
+    path = ctx.settings.counters.registry
+    return load_registry(path) if path is not None else None
+
+
+COUNTERS_COLUMNS = [f.name for f in COUNTERS_SCHEMA.fields]
+NO_REGISTRY = "no counter registry configured (counters.registry)"
+
+
+def gold_counter_partials(ctx: Context) -> RunRecord:
+    """Stage 1: new silver events -> increments per counter, entity and window."""
+    registry = counter_registry(ctx)
+
+    def body(record: RunRecord) -> None:
+        if registry is None:
+            record.noop(NO_REGISTRY)
+            return
+        ctx.store.ensure(GOLD_COUNTER_PARTIALS)
+        inc = pending(ctx.store, SILVER_EVENTS, GOLD_COUNTER_PARTIALS, app_id("gold.counter_partials", SILVER_EVENTS))
+        if inc is None:
+            record.noop("no new silver events")
+            return
+        events = inc.read(ctx.store)
+        rows = increments(events, registry, ctx.settings.counters.window, inc.end).toArrow()
+        ctx.store.append(GOLD_COUNTER_PARTIALS, rows, [inc.txn])
+        n = int(pc.sum(rows["count"]).as_py() or 0) if rows.num_rows else 0
+        record.rows_in, record.rows_out = n, rows.num_rows
+        record.add(increments=n, partial_rows=rows.num_rows)
+        ctx.say(f"gold/counter_partials: {n:,} increments -> {rows.num_rows:,} partial rows")
+
+    return run_job(ctx, "gold.counter_partials", body)
+
+
+def gold_counters(ctx: Context, drain: bool = False) -> RunRecord:
+    """Stage 2: flush the entities whose tier is due: their new partials MERGEd into the totals.
+
+    ``drain`` flushes every entity with new partials whatever its tier (the end of a backfill).
+    """
+    registry = counter_registry(ctx)
+
+    def body(record: RunRecord) -> None:
+        if registry is None:
+            record.noop(NO_REGISTRY)
+            return
+        for spec in (GOLD_COUNTERS, GOLD_COUNTER_PARTIALS):
+            ctx.store.ensure(spec)
+        parts = ctx.store.read(GOLD_COUNTER_PARTIALS).persist()
+        stats = parts.agg(F.max("seq").alias("seq"), F.max("window_end").alias("clock")).first()
+        if stats is None or stats["seq"] is None:
+            parts.unpersist()
+            record.noop("no counter partials yet")
+            return
+        seq, clock = int(stats["seq"]), stats["clock"]
+        source = flush_source(parts, ctx.store.read(GOLD_COUNTERS), registry, clock, seq, force=drain).toArrow()
+        parts.unpersist()
+        if source.num_rows == 0:
+            record.noop("no entity is due for a flush")
+            return
+        run = (ctx.store.txn_version(GOLD_COUNTERS, "gold.counters") or 0) + 1
+        ctx.store.merge(
+            GOLD_COUNTERS,
+            source,
+            on=FLUSH_ON,
+            update=FLUSH_UPDATE,
+            insert={c: f"s.{c}" for c in COUNTERS_COLUMNS},
+            update_when=FLUSH_WHEN,
+            txns=[AppTxn("gold.counters", run)],
+        )
+        record.rows_in = record.rows_out = source.num_rows
+        record.add(flushed_entities=source.num_rows, clock_epoch_s=clock.timestamp(), partial_seq=seq)
+        ctx.say(f"gold/counters: flushed {source.num_rows:,} entities through batch {seq}")
+
+    return run_job(ctx, "gold.counters", body)
+
+
+def counter_milestones(ctx: Context) -> RunRecord:
+    """Thresholds crossed by committed counter changes (read from the change data feed)."""
+    registry = counter_registry(ctx)
+    app = app_id("gold.counter_milestones", GOLD_COUNTERS)
+
+    def body(record: RunRecord) -> None:
+        if registry is None:
+            record.noop(NO_REGISTRY)
+            return
+        for spec in (GOLD_COUNTERS, GOLD_COUNTER_MILESTONES):
+            ctx.store.ensure(spec)
+        inc = pending(ctx.store, GOLD_COUNTERS, GOLD_COUNTER_MILESTONES, app)
+        if inc is None:
+            record.noop("no new counter changes")
+            return
+        changes = ctx.store.read_changes(GOLD_COUNTERS, inc.start, inc.end)
+        rows = crossings(changes, registry).toArrow()
+        ctx.store.append(GOLD_COUNTER_MILESTONES, rows, [inc.txn])
+        record.rows_out = rows.num_rows
+        record.add(milestones=rows.num_rows, counters_from=inc.start, counters_to=inc.end)
+        ctx.say(f"gold/counter_milestones: {rows.num_rows:,} threshold(s) crossed")
+
+    return run_job(ctx, "gold.counter_milestones", body)
+
+
+def export_counters(ctx: Context) -> RunRecord:
+    """gold/counters -> ClickHouse ``counters``, one counters version per insert, exactly once.
+
+    Each version's changed rows go in one insert with the token ``gold/counters:v<version>``, then
+    the version is recorded (app transaction on ``_meta/counter_exports``). A run stopped between
+    the two resends the same rows with the same token, which ClickHouse drops; the table is a
+    ReplacingMergeTree on (counter, entity) by version, so ``FINAL`` shows one row per entity.
+    """
+    app = app_id("export.counters", GOLD_COUNTERS)
+    database = ctx.settings.clickhouse.database
+
+    def body(record: RunRecord) -> None:
+        for spec in (GOLD_COUNTERS, COUNTER_EXPORTS):
+            ctx.store.ensure(spec)
+        inc = pending(ctx.store, GOLD_COUNTERS, COUNTER_EXPORTS, app)
+        if inc is None:
+            record.noop("no new counter changes")
+            return
+        changes = (
+            ctx.store.read_changes(GOLD_COUNTERS, inc.start, inc.end)
+            .where(F.col("_change_type").isin("insert", "update_postimage"))
+            .select(
+                "counter",
+                "entity",
+                "total",
+                F.col("_commit_version").alias("version"),
+                "updated_at",
+            )
+            .orderBy("version", "counter", "entity")
+            .toArrow()
+        )
+        sent = 0
+        versions = sorted(set(changes["version"].to_pylist())) if changes.num_rows else []
+        with clickhouse.connect(ctx.settings) as client:
+            clickhouse.ensure_counters(client, database)
+            for version in versions:
+                rows = changes.filter(pc.equal(changes["version"], version))
+                clickhouse.insert(
+                    client, clickhouse.COUNTERS_TABLE, rows, f"medallion:gold/counters:v{version}", database
+                )
+                log_row = pa.Table.from_pylist(
+                    [{"counters_version": version, "rows": rows.num_rows, "exported_at": datetime.now(UTC)}],
+                    schema=COUNTER_EXPORTS.arrow_schema,
+                )
+                ctx.store.append(COUNTER_EXPORTS, log_row, [AppTxn(app, version)])
+                sent += rows.num_rows
+        if not versions or versions[-1] < inc.end:
+            # Versions without row changes (table creation, optimize) are recorded as done too.
+            empty = COUNTER_EXPORTS.arrow_schema.empty_table()
+            ctx.store.append(COUNTER_EXPORTS, empty, [inc.txn])
+        record.rows_in = record.rows_out = sent
+        record.add(versions=len(versions))
+        ctx.say(
+            f"export: {sent:,} counter rows from {len(versions)} version(s) to ClickHouse {clickhouse.COUNTERS_TABLE}"
+        )
+
+    return run_job(ctx, "export.counters", body)

@@ -303,6 +303,13 @@ class MetricsSettings(_Section):
         raise SettingsError([f"metrics.aggregations: no aggregation named {name!r} ({known})"])
 
 
+class CounterSettings(_Section):
+    registry: Path | None = Field(default=None, description="YAML counter registry (see README: Counters)")
+    window: Duration = Field(default=timedelta(minutes=1), description="window of the partial counts")
+
+    _check_window = field_validator("window")(lambda v: _positive(v, "window"))
+
+
 def redact_url(url: str) -> str:
     """Hide a password embedded in a URL (``scheme://user:secret@host``)."""
     return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
@@ -335,6 +342,7 @@ class Settings(BaseSettings):
     remote_write: RemoteWriteSettings = Field(default_factory=RemoteWriteSettings)
     quality: QualitySettings = Field(default_factory=QualitySettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    counters: CounterSettings = Field(default_factory=CounterSettings)
 
     @field_validator("lake_root")
     @classmethod

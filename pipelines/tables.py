@@ -12,6 +12,7 @@ from bronze.events import BRONZE_EVENTS_SCHEMA
 from bronze.landing import QUARANTINE_SCHEMA
 from bronze.page_changes import BRONZE_PAGE_CHANGES_SCHEMA
 from bronze.samples import BRONZE_SAMPLES_SCHEMA
+from gold.counters import COUNTER_PARTIALS_SCHEMA, COUNTERS_SCHEMA, MILESTONES_SCHEMA
 from gold.export import EXPORTED_SCHEMA, OUTBOX_SCHEMA
 from gold.metric_windows import METRIC_WINDOWS_SCHEMA
 from gold.property_values import PARTIALS_SCHEMA, PROPERTY_VALUES_SCHEMA
@@ -69,6 +70,33 @@ GOLD_METRIC_WINDOWS = TableSpec(
     "metric_windows",
     METRIC_WINDOWS_SCHEMA,
     description="closed windows of each metric aggregation (plus late and raw rows)",
+)
+GOLD_COUNTER_PARTIALS = TableSpec(
+    "gold",
+    "counter_partials",
+    COUNTER_PARTIALS_SCHEMA,
+    description="counter increments per counter, entity, window and silver batch",
+)
+GOLD_COUNTERS = TableSpec(
+    "gold", "counters", COUNTERS_SCHEMA, description="one row per (counter, entity): the running total"
+)
+GOLD_COUNTER_MILESTONES = TableSpec(
+    "gold",
+    "counter_milestones",
+    MILESTONES_SCHEMA,
+    description="one row per counter threshold crossed by an entity",
+)
+COUNTER_EXPORTS = TableSpec(
+    "_meta",
+    "counter_exports",
+    StructType(
+        [
+            StructField("counters_version", LongType()),
+            StructField("rows", LongType()),
+            StructField("exported_at", TimestampType()),
+        ]
+    ),
+    description="each gold/counters version sent to ClickHouse, recorded with its app transaction",
 )
 GOLD_PARTIALS = TableSpec(
     "gold",
@@ -128,6 +156,10 @@ ALL_TABLES: tuple[TableSpec, ...] = (
     GOLD_PROPERTY_VALUES,
     GOLD_EXPORTED,
     GOLD_METRIC_WINDOWS,
+    GOLD_COUNTER_PARTIALS,
+    GOLD_COUNTERS,
+    GOLD_COUNTER_MILESTONES,
+    COUNTER_EXPORTS,
     PIPELINE_EVENTS,
     EXPECTATION_RESULTS,
     EXPORT_OUTBOX,

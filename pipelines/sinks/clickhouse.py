@@ -43,6 +43,21 @@ SETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW}
 """
 
 
+COUNTERS_TABLE = "counters"
+COUNTERS_DDL = f"""
+CREATE TABLE IF NOT EXISTS {{db}}.{COUNTERS_TABLE} (
+    counter LowCardinality(String),
+    entity String,
+    total Int64,
+    version Int64,
+    updated_at DateTime64(3, 'UTC')
+)
+ENGINE = ReplacingMergeTree(version)
+ORDER BY (counter, entity)
+SETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW}
+"""
+
+
 class ClickHouseError(MedallionError):
     """ClickHouse could not be reached or refused a statement."""
 
@@ -76,6 +91,11 @@ def connect(settings: Settings) -> Iterator[Any]:
 def ensure_property_values(client: Any, database: str = "default") -> None:
     client.command(f"CREATE DATABASE IF NOT EXISTS {database}")
     client.command(PROPERTY_VALUES_DDL.format(db=database))
+
+
+def ensure_counters(client: Any, database: str = "default") -> None:
+    client.command(f"CREATE DATABASE IF NOT EXISTS {database}")
+    client.command(COUNTERS_DDL.format(db=database))
 
 
 def insert(client: Any, table: str, data: pa.Table, token: str, database: str = "default") -> None:

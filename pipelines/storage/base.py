@@ -140,11 +140,13 @@ class TableStore(ABC):
         update: Mapping[str, str] | None = None,
         insert: Mapping[str, str] | None = None,
         txns: Sequence[AppTxn] = (),
+        update_when: str | None = None,
     ) -> int:
         """MERGE ``source`` (alias ``s``) into the table (alias ``t``) on the SQL predicate ``on``.
 
         ``update`` maps target columns to SQL expressions for matched rows (``None``: update all
         columns from the source); ``insert`` likewise for unmatched rows (``None``: insert all).
+        ``update_when`` updates only the matched rows where it holds (the others stay as they are).
         """
 
     @abstractmethod

@@ -106,6 +106,7 @@ class DeltaRsStore(TableStore):
         update: Mapping[str, str] | None = None,
         insert: Mapping[str, str] | None = None,
         txns: Sequence[AppTxn] = (),
+        update_when: str | None = None,
     ) -> int:
         src = source if isinstance(source, pa.Table) else source.toArrow()
         merger = self._table(spec).merge(
@@ -115,7 +116,11 @@ class DeltaRsStore(TableStore):
             target_alias="t",
             commit_properties=_commit_properties(txns, "merge"),
         )
-        merger = merger.when_matched_update_all() if update is None else merger.when_matched_update(dict(update))
+        merger = (
+            merger.when_matched_update_all(predicate=update_when)
+            if update is None
+            else merger.when_matched_update(dict(update), predicate=update_when)
+        )
         merger = (
             merger.when_not_matched_insert_all() if insert is None else merger.when_not_matched_insert(dict(insert))
         )

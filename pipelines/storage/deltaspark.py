@@ -135,10 +135,15 @@ class DeltaSparkStore(TableStore):
         update: Mapping[str, str] | None = None,
         insert: Mapping[str, str] | None = None,
         txns: Sequence[AppTxn] = (),
+        update_when: str | None = None,
     ) -> int:
         src = source if isinstance(source, DataFrame) else self.to_spark(source)
         builder = self._table(spec).alias("t").merge(src.alias("s"), on)
-        builder = builder.whenMatchedUpdateAll() if update is None else builder.whenMatchedUpdate(set=dict(update))
+        builder = (
+            builder.whenMatchedUpdateAll(condition=update_when)
+            if update is None
+            else builder.whenMatchedUpdate(condition=update_when, set=dict(update))
+        )
         builder = (
             builder.whenNotMatchedInsertAll() if insert is None else builder.whenNotMatchedInsert(values=dict(insert))
         )

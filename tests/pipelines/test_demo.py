@@ -25,14 +25,21 @@ TABLES = (
     "bronze/samples",
     "silver/metric_panes",
     "gold/metric_windows",
+    "gold/counter_partials",
+    "gold/counters",
+    "gold/counter_milestones",
     "_meta/pipeline_events",
 )
 
 
-def medallion(lake: Path, *args: str, config: Path | None = None) -> subprocess.CompletedProcess[str]:
+def medallion(
+    lake: Path, *args: str, config: Path | None = None, registry: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEDALLION_")}
     if config is not None:
         env["MEDALLION_CONFIG"] = str(config)
+    if registry is not None:
+        env["MEDALLION_COUNTERS__REGISTRY"] = str(registry)
     return subprocess.run(
         [sys.executable, "-m", "pipelines.cli", "--lake-root", str(lake), *args],
         capture_output=True,
@@ -120,6 +127,39 @@ def test_demo_precomputes_metric_windows_and_query_answers_from_them(lake: Path)
     assert missing.returncode != 0 and "no aggregation named 'nope'" in missing.stderr
 
 
+def test_demo_counts_page_views_and_autocaptures_with_milestones(lake: Path) -> None:
+    counters = json.loads((lake.parent / "first.json").read_text())["counters"]
+    views = table(lake, "bronze/events").to_pylist()
+    want: dict[str, int] = {}
+    for e in views:
+        props = json.loads(e["properties"]) if isinstance(e["properties"], str) else e["properties"]
+        path = props.get("$pathname") if e["event"] == "$pageview" else None
+        if path is not None:
+            # A nested value counts under its JSON text, as Spark's from_json renders it.
+            key = path if isinstance(path, str) else json.dumps(path, separators=(",", ":"))
+            want[key] = want.get(key, 0) + 1
+    totals = {
+        r["entity"]: r["total"] for r in table(lake, "gold/counters").to_pylist() if r["counter"] == "pageviews_by_path"
+    }
+    assert sum(totals.values()) == sum(want.values())
+    assert {k: v for k, v in totals.items() if not k.startswith(("{", "["))} == {
+        k: v for k, v in want.items() if not k.startswith(("{", "["))
+    }
+    assert counters["increments"] == sum(want.values()) + counters["counters"]["autocaptures_by_host"]["total"]
+    assert counters["clickhouse_rows"] == counters["counter_writes"] > 0
+    marks = {(r["counter"], r["entity"], r["threshold"]) for r in table(lake, "gold/counter_milestones").to_pylist()}
+    assert marks == {("pageviews_by_path", p, t) for p, n in want.items() for t in (10, 100, 1000, 10000) if n >= t} | {
+        ("autocaptures_by_host", "localhost:8000", 10)
+    }
+    env_registry = Path(counters["registry"])
+    out = medallion(lake, "counters", "show", "pageviews_by_path", "--top", "3", "--json", registry=env_registry)
+    assert out.returncode == 0, out.stderr
+    shown = json.loads(out.stdout)
+    assert [r["total"] for r in shown["top"]] == sorted(want.values(), reverse=True)[:3]
+    bad = medallion(lake, "counters", "show", "nope", registry=env_registry)
+    assert bad.returncode == 2 and "no counter named 'nope'" in bad.stderr
+
+
 def test_second_demo_run_changes_no_table(lake: Path) -> None:
     before = {key: table(lake, key).num_rows for key in TABLES if not key.startswith("_meta")}
     second = medallion(lake, "demo", "--events", "3000", "--page-changes", "1000", "--json")
@@ -147,7 +187,8 @@ def test_status_and_sql_read_the_lake(lake: Path) -> None:
 def test_run_once_is_a_noop_when_up_to_date(lake: Path) -> None:
     out = medallion(lake, "run", "all", "--once")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.count("noop") == 7  # silver x2, gold x2, export, metric panes and windows
+    # silver x2, gold x2, export, metric panes and windows, counter partials, flush, milestones, export
+    assert out.stdout.count("noop") == 11
 
 
 def test_validate_passes_on_the_demo_lake(lake: Path) -> None:
