@@ -628,6 +628,10 @@ def silver_metric_panes(ctx: Context, drain: bool = False) -> RunRecord:
             panes.append(step.panes)
             keep.append(step.buffered)
             new_lasts.append(step.lasts)
+            if drain and max_seen is not None:
+                # Draining made every pane final and closed every window holding one: from now on
+                # a sample for them is late, so the recorded clock moves to where that holds.
+                max_seen = max_seen + agg.window + lateness
             progress_rows.append(
                 {"kind": "progress", "aggregation": agg.name, "max_seen": max_seen, "dropped": dropped}
             )

@@ -408,6 +408,7 @@ def run_bench(
     from pipelines.bench import report
 
     size = SIZES[size_name]
+    out = out.resolve()  # a relative folder would read as host/database in the chdb:// DSN
     out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(out / "work", ignore_errors=True)
     b = Bench(size, out, spark, repeats, say)

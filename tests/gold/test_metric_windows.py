@@ -325,3 +325,18 @@ def test_selectors_match_as_prometheus_does(spark: SparkSession) -> None:
     assert jobs_of('{__name__="down"}') == ["node"]
     assert jobs_of('up{job="it\'s"}') == []
     assert jobs_of('{__name__=~"up|down", job="node"}') == ["node", "node"]
+
+
+def test_samples_for_windows_a_drain_closed_are_late(spark: SparkSession, tmp_path: Path) -> None:
+    """After a drain (end of a backfill) closed everything, a straggler is late, not a lost pane."""
+    agg = {"name": "g", "selector": "gauge", "window": "1m", "accumulators": ["count", "sum"], "late": "forward"}
+    ctx = make_ctx(spark, tmp_path / "lake", [agg])
+    start = int(T0.timestamp() * MS)
+    labels = (("__name__", "gauge"), ("host", "a"))
+    land(ctx, [(labels, start + i * 10_000, 1.0) for i in range(30)])  # 5 minutes
+    step(ctx, drain=True)
+    land(ctx, [(labels, start + 125_000, 5.0)])  # inside the third minute, already closed
+    step(ctx)
+    rows = {r["window_start"]: r for r in query(ctx, "g", group_by=[], include_open=False)}
+    third = rows[datetime.fromtimestamp((start + 120_000) / MS, UTC)]
+    assert (third["count"], third["sum"], third["kinds"]) == (7, 11.0, ["late", "window"])

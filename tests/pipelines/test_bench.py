@@ -23,13 +23,16 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], str]:
-    out = tmp_path_factory.mktemp("bench") / "S"
+    cwd = tmp_path_factory.mktemp("bench")
+    out = cwd / "bench-results" / "S"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEDALLION_")}
-    done = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "bench", "--size", "S", "--repeats", "1", "--out", str(out)],
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
+    done = subprocess.run(  # from another folder, with the default (relative) output folder
+        [sys.executable, "-m", "pipelines.cli", "bench", "--size", "S", "--repeats", "1"],
         capture_output=True,
         text=True,
         env=env,
+        cwd=cwd,
         timeout=900,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
