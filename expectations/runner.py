@@ -102,7 +102,9 @@ def warm_up() -> None:
 
 @functools.cache
 def _datasource() -> Any:
-    return _context().data_sources.add_spark("medallion")
+    # persist=False: GX would cache every validated frame and never release it (the gates pass
+    # frames that are cached already); a long-running ingest ran out of heap that way.
+    return _context().data_sources.add_spark("medallion", persist=False)
 
 
 @functools.cache
@@ -113,13 +115,24 @@ def _batch_definition(name: str) -> BatchDefinition:
 CHECK_META = "medallion_check"
 
 
+def _release_batches() -> None:
+    """Drop GX's references to the frames it validated (its batch caches keep every one)."""
+    manager = _datasource().get_execution_engine().batch_manager
+    manager.reset_batch_cache()
+    manager._batch_data_cache.clear()
+    manager._active_batch_data_id = None
+
+
 def _run_gx(df: DataFrame, checks: list[Check], name: str) -> list[Any]:
     """GX results in the order of ``checks`` (GX orders results its own way, so each expectation
     carries its check's name in ``meta``)."""
     tagged = [c.expectation.copy(update={"meta": {CHECK_META: c.name}}, deep=True) for c in checks]
     suite = gx.ExpectationSuite(name=name, expectations=tagged)
     batch = _batch_definition(name).get_batch(batch_parameters={"dataframe": df})
-    results = batch.validate(suite, result_format=RESULT_FORMAT).results
+    try:
+        results = batch.validate(suite, result_format=RESULT_FORMAT).results
+    finally:
+        _release_batches()
     by_check = {(r.expectation_config.meta or {})[CHECK_META]: r for r in results if r.expectation_config}
     return [by_check[c.name] for c in checks]
 

@@ -7,6 +7,7 @@ commit makes the next run redo the work; a crash after it makes the next run ski
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -109,4 +110,7 @@ def run_job(ctx: Context, job: str, body: Callable[[RunRecord], None]) -> RunRec
         with_conflict_retries(attempt, job)
         if record.status == "noop":
             ctx.say(f"{job}: nothing to do ({record.details})")
+    # Spark frames a job built may sit in Python reference cycles; until Python collects them the
+    # JVM keeps their data (small Python objects, large JVM ones), so a loop of jobs grows the heap.
+    gc.collect()
     return record

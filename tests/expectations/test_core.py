@@ -91,3 +91,16 @@ def test_a_check_gx_cannot_evaluate_is_an_error_not_a_pass(spark: SparkSession) 
     df = spark.createDataFrame([(1,)], "a long")
     with pytest.raises(RuntimeError, match="missing_column"):
         validate(df, Suite("t/x", (not_null("missing_column", policy="warn"),)))
+
+
+def test_validation_keeps_no_reference_to_the_frames_it_validated(spark: SparkSession) -> None:
+    """GX caches every batch (and persisted it): a long-running job ran out of heap that way."""
+    from expectations.runner import _datasource
+
+    cached_before = spark.sparkContext._jsc.getPersistentRDDs().size()
+    for _ in range(3):
+        df = spark.createDataFrame(ROWS, SCHEMA)
+        validate(df, Suite("t/x", (not_null("team_id"),)))
+    manager = _datasource().get_execution_engine().batch_manager
+    assert not manager._batch_cache and not manager._batch_data_cache
+    assert spark.sparkContext._jsc.getPersistentRDDs().size() == cached_before
