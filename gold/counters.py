@@ -39,7 +39,7 @@ from pyspark.sql.types import (
 )
 
 from pipelines.errors import SettingsError
-from pipelines.settings import Duration
+from pipelines.settings import Duration, named, unique_names
 
 COUNTER_PARTIALS_SCHEMA = StructType(
     [
@@ -132,18 +132,11 @@ class Registry(_Model):
 
     @model_validator(mode="after")
     def _unique(self) -> Registry:
-        names = [c.name for c in self.counters]
-        twice = sorted({n for n in names if names.count(n) > 1})
-        if twice:
-            raise ValueError(f"counter name(s) used twice: {twice}")
+        unique_names(self.counters, "counter")
         return self
 
     def get(self, name: str) -> Counter:
-        for c in self.counters:
-            if c.name == name:
-                return c
-        known = ", ".join(c.name for c in self.counters) or "none"
-        raise SettingsError([f"no counter named {name!r} in the registry ({known})"])
+        return named(self.counters, name, "no counter named {name!r} in the registry ({known})")
 
 
 def load_registry(path: Path) -> Registry:

@@ -46,7 +46,7 @@ from gold.property_values import (
 from pipelines import quality
 from pipelines.errors import InputError, SettingsError
 from pipelines.eventlog import RunRecord
-from pipelines.runner import Context, app_id, append_once, pending, run_job
+from pipelines.runner import Context, after, app_id, append_once, pending, run_job
 from pipelines.sinks import clickhouse
 from pipelines.sources import kafka
 from pipelines.sources.files import FileBatch, landing_table, read_records
@@ -308,16 +308,14 @@ def silver_page_changes(ctx: Context, drain: bool = False) -> RunRecord:
         progress = state.where("kind = 'progress'").select("bronze_version", "max_event_time").first()
         done = progress["bronze_version"] if progress else None
         max_seen = progress["max_event_time"] if progress else None
-        latest = ctx.store.version(BRONZE_PAGE_CHANGES)
-        start = 0 if done is None else done + 1
-        has_new = latest is not None and start <= latest
+        inc = after(ctx.store, BRONZE_PAGE_CHANGES, done, app)
         buffered = state.where("kind = 'event'").select(*EVENT_COLUMNS)
-        if not has_new and not (drain and buffered.limit(1).count()):
+        if inc is None and not (drain and buffered.limit(1).count()):
             state.unpersist()
             record.noop("no new bronze page changes" + (" and nothing buffered" if drain else ""))
             return
-        end = latest if has_new else done
-        new = ctx.store.read_inserted(BRONZE_PAGE_CHANGES, start, end).select(*EVENT_COLUMNS) if has_new else None
+        end = inc.end if inc else done
+        new = inc.read(ctx.store).select(*EVENT_COLUMNS) if inc else None
         n_in = 0
         if new is not None:
             seen = new.agg(F.count(F.lit(1)).alias("n"), F.max("event_time").alias("t")).first()
@@ -588,17 +586,15 @@ def silver_metric_panes(ctx: Context, drain: bool = False) -> RunRecord:
         state = ctx.store.read(SILVER_METRIC_STATE, where="kind <> 'pane'").persist()
         progress = {r["aggregation"]: r for r in state.where("kind = 'progress'").collect()}
         done = progress[None]["bronze_version"] if None in progress else None
-        latest = ctx.store.version(BRONZE_SAMPLES)
-        start = 0 if done is None else done + 1
-        has_new = latest is not None and start <= latest
+        inc = after(ctx.store, BRONZE_SAMPLES, done, app)
         buffered = state.where("kind = 'sample'").select(*SAMPLE_COLUMNS)
-        if not has_new and not (drain and buffered.limit(1).count()):
+        if inc is None and not (drain and buffered.limit(1).count()):
             state.unpersist()
             record.noop("no new samples" + (" and nothing buffered" if drain else ""))
             return
-        end = latest if has_new else done
+        end = inc.end if inc else done
         columns = ["metric_name", "labels", "series_id", "timestamp", "value"]
-        new = ctx.store.read_inserted(BRONZE_SAMPLES, start, end).select(*columns) if has_new else None
+        new = inc.read(ctx.store).select(*columns) if inc else None
         if new is not None:
             new = new.persist()
         lasts = state.where("kind = 'last'").select("aggregation", "series_id", "timestamp", "value")

@@ -64,10 +64,18 @@ def app_id(job: str, source: TableSpec, buckets: Sequence[int] | None = None) ->
 
 def pending(store: TableStore, source: TableSpec, target: TableSpec, app: str) -> Increment | None:
     """The source versions not yet recorded by ``app`` on ``target``, or None when up to date."""
+    return after(store, source, store.txn_version(target, app), app)
+
+
+def after(store: TableStore, source: TableSpec, done: int | None, app: str) -> Increment | None:
+    """The source versions after ``done`` (None: from the first), or None when there are none.
+
+    For jobs that keep the source version they finished in their own state rather than in an
+    app transaction on their target.
+    """
     latest = store.version(source)
     if latest is None:
         return None
-    done = store.txn_version(target, app)
     start = 0 if done is None else done + 1
     if start > latest:
         return None

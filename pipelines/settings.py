@@ -10,9 +10,10 @@ import json
 import os
 import re
 import tomllib
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol, TypeVar
 
 import yaml
 from pydantic import (
@@ -205,6 +206,31 @@ class QualitySettings(_Section):
         return v
 
 
+class Named(Protocol):
+    name: str
+
+
+N = TypeVar("N", bound=Named)
+
+
+def unique_names(items: list[N], what: str) -> list[N]:
+    """``items`` unless two share a name (a ValueError naming them, for a validator)."""
+    names = [i.name for i in items]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"{what} name(s) used twice: {twice}")
+    return items
+
+
+def named(items: Sequence[N], name: str, missing: str) -> N:
+    """The item called ``name``, else a SettingsError from ``missing`` (with {name} and {known})."""
+    for item in items:
+        if item.name == name:
+            return item
+    known = ", ".join(i.name for i in items) or "none configured"
+    raise SettingsError([missing.format(name=name, known=known)])
+
+
 ACCUMULATORS = ("sum", "count", "min", "max", "increase", "quantiles", "distinct", "frequency")
 KEYED_SKETCHES = ("distinct", "frequency")
 
@@ -289,18 +315,10 @@ class MetricsSettings(_Section):
     @field_validator("aggregations")
     @classmethod
     def _unique(cls, v: list[AggregationSettings]) -> list[AggregationSettings]:
-        names = [a.name for a in v]
-        twice = sorted({n for n in names if names.count(n) > 1})
-        if twice:
-            raise ValueError(f"aggregation name(s) used twice: {twice}")
-        return v
+        return unique_names(v, "aggregation")
 
     def get(self, name: str) -> AggregationSettings:
-        for a in self.aggregations:
-            if a.name == name:
-                return a
-        known = ", ".join(a.name for a in self.aggregations) or "none configured"
-        raise SettingsError([f"metrics.aggregations: no aggregation named {name!r} ({known})"])
+        return named(self.aggregations, name, "metrics.aggregations: no aggregation named {name!r} ({known})")
 
 
 class CounterSettings(_Section):
