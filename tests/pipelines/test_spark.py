@@ -52,3 +52,13 @@ def test_delta_spark_engine_without_jars_is_a_clear_error(spark: SparkSession, t
 
     with pytest.raises(EngineUnavailableError, match="MEDALLION_DELTA_JARS"):
         DeltaSparkStore(spark, str(tmp_path))
+
+
+def test_python_workers_use_this_interpreter_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside an activated venv, `python3` on PATH lacks pandas/pyarrow that Python workers need."""
+    import sys
+
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    assert spark_confs(load_settings())["spark.pyspark.python"] == sys.executable
+    monkeypatch.setenv("PYSPARK_PYTHON", "/opt/python/bin/python3")
+    assert "spark.pyspark.python" not in spark_confs(load_settings())
