@@ -11,8 +11,10 @@ deciding what still needs doing.
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeAlias
@@ -95,8 +97,12 @@ class TableStore(ABC):
 
     def __init__(self, spark: SparkSession | None, lake_root: str, storage_options: Mapping[str, str] | None = None):
         self._spark = spark
-        self.lake_root = lake_root.rstrip("/")
+        # Spark and the driver's readers must name the same files: a local root is made absolute.
+        self.lake_root = (lake_root if "://" in lake_root else os.path.abspath(lake_root)).rstrip("/")
         self.storage_options = dict(storage_options or {})
+        from pipelines.storage.parquet_files import TableFiles
+
+        self.files = TableFiles(self.lake_root)
 
     @property
     def spark(self) -> SparkSession:
@@ -195,6 +201,10 @@ class TableStore(ABC):
     @abstractmethod
     def vacuum(self, spec: TableSpec, retention_hours: int = 168) -> list[str]: ...
 
+    def stream(self, df: DataFrame) -> AbstractContextManager[pa.RecordBatchReader]:
+        """``df``'s rows as Arrow batches in the driver, one batch at a time (for driver-side sinks)."""
+        return self.files.staged(df)
+
     # -- helpers shared by engines -----------------------------------------------------------
     def to_arrow(self, spec: TableSpec, data: Data) -> pa.Table:
         """Data conformed to the table's Arrow schema (column order and types)."""
@@ -229,6 +239,16 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
                 raise ValueError(f"column {f.name!r} is missing and not nullable")
             columns.append(pa.nulls(table.num_rows, type=f.type))
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+def conform_df(df: DataFrame, schema: StructType) -> DataFrame:
+    """:func:`conform` for a DataFrame: ``schema``'s columns in order and types, missing ones null."""
+    from pyspark.sql import functions as F
+
+    present = set(df.columns)
+    return df.select(
+        *[(F.col(f.name) if f.name in present else F.lit(None)).cast(f.dataType).alias(f.name) for f in schema.fields]
+    )
 
 
 def arrow_for_spark(table: pa.Table) -> pa.Table:

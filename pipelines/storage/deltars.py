@@ -1,34 +1,53 @@
-"""The ``delta-rs`` engine (package ``deltalake``): the local default and what CI tests.
+"""The ``delta-rs`` engine (package ``deltalake``): the local default.
 
-Spark computes; rows cross to and from delta-rs as Arrow tables. App transactions go into
-``CommitProperties(app_transactions=...)`` so they land in the same commit as the rows.
+Spark moves the data and delta-rs keeps the log. DataFrames are written by Spark as Parquet into
+the table folder and committed by delta-rs as add actions with statistics (see
+:mod:`pipelines.storage.parquet_files`); reads are Spark's Parquet reader over the files of the
+snapshot delta-rs names; change-feed reads take the files each commit added (or its change-data
+files). Rows born in the driver (a Kafka flush, remote-write samples, log rows) are written by
+delta-rs directly as Arrow, with no Spark job. A MERGE source is staged by Spark as Parquet and
+streamed to delta-rs as Arrow batches; the target never passes through Python.
+
+App transactions go into ``CommitProperties(app_transactions=...)`` so they land in the same
+commit as the rows.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, QueryBuilder, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.transaction import AddAction, RemoveAction
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
 from pipelines.errors import CommitConflictError, StorageError
 from pipelines.storage.base import (
+    CHANGE_TYPE,
+    COMMIT_TIMESTAMP,
+    COMMIT_VERSION,
     AppTxn,
     Data,
     TableSpec,
     TableStats,
     TableStore,
     TxnSnapshot,
-    arrow_for_spark,
-    conform,
 )
+from pipelines.storage.parquet_files import DataFile, scan, with_file_columns
 
 # delta-rs resolves non-conflicting concurrent commits itself; these are its retries.
 MAX_COMMIT_RETRIES = 15
+#: Reader features whose files a plain Parquet read would get wrong.
+UNSUPPORTED_READER_FEATURES = ("deletionVectors", "columnMapping")
+CHANGE_FIELDS = [
+    StructField(COMMIT_VERSION, LongType()),
+    StructField(COMMIT_TIMESTAMP, TimestampType()),
+]
 
 
 def _commit_properties(txns: Sequence[AppTxn], operation: str | None = None) -> CommitProperties:
@@ -43,9 +62,9 @@ def _commit_properties(txns: Sequence[AppTxn], operation: str | None = None) -> 
 class DeltaRsStore(TableStore):
     engine = "delta-rs"
 
-    def _table(self, spec: TableSpec) -> DeltaTable:
+    def _table(self, spec: TableSpec, version: int | None = None) -> DeltaTable:
         try:
-            return DeltaTable(self.path(spec), storage_options=self.storage_options or None)
+            return DeltaTable(self.path(spec), version=version, storage_options=self.storage_options or None)
         except TableNotFoundError as exc:
             raise StorageError(f"table {spec.key} does not exist at {self.path(spec)}") from exc
 
@@ -72,19 +91,39 @@ class DeltaRsStore(TableStore):
             raise
         return True
 
+    # -- writes ----------------------------------------------------------------------------
     def append(self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = (), read_version: int | None = None) -> int:
-        target: str | DeltaTable = self.path(spec)
-        if read_version is not None:
-            # Writing through a snapshot makes delta-rs check later commits for the same app ids.
-            target = DeltaTable(self.path(spec), version=read_version, storage_options=self.storage_options or None)
-        return self._write(spec, data, txns, "append", target)
+        # Committing through the snapshot at read_version makes delta-rs check the commits after
+        # it for the same app ids.
+        return self._write(spec, data, txns, "append", read_version)
 
     def overwrite(self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = ()) -> int:
-        return self._write(spec, data, txns, "overwrite", self.path(spec))
+        return self._write(spec, data, txns, "overwrite", None)
 
     def _write(
-        self, spec: TableSpec, data: Data, txns: Sequence[AppTxn], mode: Literal["append", "overwrite"], target: Any
+        self,
+        spec: TableSpec,
+        data: Data,
+        txns: Sequence[AppTxn],
+        mode: Literal["append", "overwrite"],
+        read_version: int | None,
     ) -> int:
+        if isinstance(data, pa.Table):
+            return self._write_arrow(spec, data, txns, mode, read_version)
+        written = self.files.write(data, self.path(spec), spec.schema, spec.partition_by)
+        self._commit_files(spec, written, txns, mode, read_version)
+        return self._table(spec).version()
+
+    def _write_arrow(
+        self,
+        spec: TableSpec,
+        data: pa.Table,
+        txns: Sequence[AppTxn],
+        mode: Literal["append", "overwrite"],
+        read_version: int | None,
+    ) -> int:
+        """Rows that were born in the driver (a Kafka flush, samples, log rows): no Spark job."""
+        target: str | DeltaTable = self.path(spec) if read_version is None else self._table(spec, read_version)
         try:
             write_deltalake(
                 target,
@@ -98,6 +137,32 @@ class DeltaRsStore(TableStore):
             raise CommitConflictError(f"{mode} of {spec.key} conflicted: {exc}") from exc
         return self._table(spec).version()
 
+    def _commit_files(
+        self,
+        spec: TableSpec,
+        files: Sequence[DataFile],
+        txns: Sequence[AppTxn],
+        mode: Literal["append", "overwrite"],
+        read_version: int | None,
+    ) -> None:
+        actions: list[AddAction | RemoveAction] = [
+            AddAction(f.path, f.size, dict(f.partition_values), f.modification_time, True, f.stats) for f in files
+        ]
+        try:
+            self._table(spec, read_version).create_write_transaction(
+                actions,
+                mode,
+                schema=spec.arrow_schema,
+                partition_by=list(spec.partition_by) or None,
+                commit_properties=_commit_properties(txns, mode),
+            )
+        except CommitFailedError as exc:
+            self.files.delete_files(self.path(spec), files)
+            raise CommitConflictError(f"{mode} of {spec.key} conflicted: {exc}") from exc
+        except BaseException:
+            self.files.delete_files(self.path(spec), files)
+            raise
+
     def merge(
         self,
         spec: TableSpec,
@@ -108,9 +173,25 @@ class DeltaRsStore(TableStore):
         txns: Sequence[AppTxn] = (),
         update_when: str | None = None,
     ) -> int:
-        src = source if isinstance(source, pa.Table) else source.toArrow()
+        if isinstance(source, pa.Table):
+            return self._merge(spec, source, on, update, insert, txns, update_when)
+        # The source (an aggregated batch) reaches delta-rs as a stream of Arrow batches staged
+        # by Spark, so the driver holds one batch at a time, never the whole.
+        with self.stream(source) as reader:
+            return self._merge(spec, reader, on, update, insert, txns, update_when)
+
+    def _merge(
+        self,
+        spec: TableSpec,
+        source: pa.Table | pa.RecordBatchReader,
+        on: str,
+        update: Mapping[str, str] | None,
+        insert: Mapping[str, str] | None,
+        txns: Sequence[AppTxn],
+        update_when: str | None,
+    ) -> int:
         merger = self._table(spec).merge(
-            source=src,
+            source=source,
             predicate=on,
             source_alias="s",
             target_alias="t",
@@ -138,35 +219,64 @@ class DeltaRsStore(TableStore):
             raise CommitConflictError(f"delete from {spec.key} conflicted: {exc}") from exc
         return self._table(spec).version()
 
-    def read(self, spec: TableSpec, where: str | None = None) -> DataFrame:
-        return self.to_spark(self.read_arrow(spec, where), spec.schema)
+    # -- reads -----------------------------------------------------------------------------
+    def _readable(self, spec: TableSpec, dt: DeltaTable) -> DeltaTable:
+        features = set(dt.protocol().reader_features or [])
+        unsupported = features & set(UNSUPPORTED_READER_FEATURES)
+        if unsupported:
+            raise StorageError(
+                f"table {spec.key} uses {', '.join(sorted(unsupported))}, which the delta-rs engine's Spark reads "
+                "do not apply: read it with delta_engine=delta-spark"
+            )
+        return dt
 
-    def read_arrow(self, spec: TableSpec, where: str | None = None) -> pa.Table:
-        dt = self._table(spec)
-        if where is None:
-            table = dt.to_pyarrow_dataset().to_table()
-        else:
-            reader = QueryBuilder().register("t", dt).execute(f"SELECT * FROM t WHERE {where}")
-            table = pa.table(reader)
-        return conform(arrow_for_spark(table), spec.arrow_schema)
+    def read(self, spec: TableSpec, where: str | None = None) -> DataFrame:
+        dt = self._readable(spec, self._table(spec))
+        df = scan(self.spark, spec.schema, self.path(spec), dt.file_uris())
+        return df.where(where) if where else df
 
     def read_changes(self, spec: TableSpec, start_version: int, end_version: int | None = None) -> DataFrame:
-        dt = self._table(spec)
-        table = arrow_for_spark(pa.table(dt.load_cdf(starting_version=start_version, ending_version=end_version)))
-        data = conform(table, spec.arrow_schema)
-        for name in ("_change_type", "_commit_version", "_commit_timestamp"):
-            data = data.append_column(table.schema.field(name), table.column(name))
-        from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
-
-        schema = StructType(
-            [
-                *spec.schema.fields,
-                StructField("_change_type", StringType()),
-                StructField("_commit_version", LongType()),
-                StructField("_commit_timestamp", TimestampType()),
-            ]
-        )
-        return self.to_spark(data, schema)
+        """The change feed as Delta defines it: a commit with change-data files is read from them;
+        otherwise its added files are inserts and its removed files deletes."""
+        end = self.version(spec) if end_version is None else end_version
+        if end is None:
+            raise StorageError(f"table {spec.key} does not exist")
+        self._readable(spec, self._table(spec))
+        groups: dict[str, dict[str, tuple[Any, ...]]] = {"cdc": {}, "insert": {}, "delete": {}}
+        for version, actions in self.files.commits(self.path(spec), start_version, end):
+            info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+            ts = datetime.fromtimestamp(info.get("timestamp", 0) / 1000, tz=UTC)
+            cdc = [a["cdc"] for a in actions if "cdc" in a]
+            if cdc:
+                for c in cdc:
+                    groups["cdc"][c["path"]] = (version, ts)
+                continue
+            for kind, action in (("insert", "add"), ("delete", "remove")):
+                for a in actions:
+                    if action in a and a[action].get("dataChange", True):
+                        groups[kind][a[action]["path"]] = (version, ts)
+        parts = []
+        data_fields = spec.schema.fields
+        for kind, files in groups.items():
+            if not files:
+                continue
+            base = self.path(spec) + ("/_change_data" if kind == "cdc" else "")
+            schema = spec.schema
+            if kind == "cdc":  # change-data files carry their change type
+                schema = StructType([*data_fields, StructField(CHANGE_TYPE, StringType())])
+            uris = [f"{self.path(spec)}/{p}" for p in files]
+            rows = scan(self.spark, schema, base, uris)
+            if kind != "cdc":
+                rows = rows.withColumn(CHANGE_TYPE, F.lit(kind))
+            by_name = {p.rsplit("/", 1)[-1]: v for p, v in files.items()}
+            parts.append(with_file_columns(rows, self.spark, by_name, CHANGE_FIELDS))
+        out_schema = StructType([*data_fields, StructField(CHANGE_TYPE, StringType()), *CHANGE_FIELDS])
+        if not parts:
+            return self.spark.createDataFrame([], out_schema)
+        out = parts[0]
+        for p in parts[1:]:
+            out = out.unionByName(p)
+        return out.select(*out_schema.fieldNames())
 
     def version(self, spec: TableSpec) -> int | None:
         if not self.exists(spec):
@@ -189,8 +299,7 @@ class DeltaRsStore(TableStore):
         if not self.exists(spec):
             return TableStats(spec.key, None, 0, 0, None, None)
         dt = self._table(spec)
-        actions = dt.get_add_actions(flatten=True)
-        actions_t = pa.table(actions)
+        actions_t = pa.table(dt.get_add_actions(flatten=True))
         rows = actions_t.column("num_records").to_pylist() if "num_records" in actions_t.column_names else []
         last = dt.history(1)
         ts = datetime.fromtimestamp(last[0]["timestamp"] / 1000, tz=UTC) if last else None
@@ -203,8 +312,10 @@ class DeltaRsStore(TableStore):
             last[0].get("operation") if last else None,
         )
 
+    # -- maintenance -------------------------------------------------------------------------
     def optimize(self, spec: TableSpec) -> dict[str, Any]:
         return dict(self._table(spec).optimize.compact())
 
     def vacuum(self, spec: TableSpec, retention_hours: int = 168) -> list[str]:
-        return self._table(spec).vacuum(retention_hours=retention_hours, dry_run=False)
+        removed = self._table(spec).vacuum(retention_hours=retention_hours, dry_run=False)
+        return removed + self.files.clean_staging(self.path(spec), timedelta(hours=retention_hours))

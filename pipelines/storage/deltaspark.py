@@ -18,10 +18,16 @@ from pyspark.sql import functions as F
 
 from pipelines.errors import CommitConflictError, EngineUnavailableError, StorageError
 from pipelines.spark import has_delta_classes
-from pipelines.storage.base import AppTxn, Data, TableSpec, TableStats, TableStore
+from pipelines.storage.base import AppTxn, Data, TableSpec, TableStats, TableStore, conform_df
 
 TXN_APP_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
+#: File sizes under control: writes bin-pack by partition, and tables that grow by small commits
+#: are compacted after a write once they have enough small files.
+WRITE_CONFS = {
+    "spark.databricks.delta.optimizeWrite.enabled": "true",
+    "spark.databricks.delta.autoCompact.enabled": "true",
+}
 
 
 def _one_txn(txns: Sequence[AppTxn]) -> AppTxn | None:
@@ -50,13 +56,15 @@ class DeltaSparkStore(TableStore):
         from delta.tables import DeltaTable
 
         self._DeltaTable = DeltaTable
+        for key, value in WRITE_CONFS.items():
+            spark.conf.set(key, value)
 
     def _table(self, spec: TableSpec) -> Any:
         return self._DeltaTable.forPath(self.spark, self.path(spec))
 
     def _df(self, spec: TableSpec, data: Data) -> DataFrame:
         if isinstance(data, DataFrame):
-            return data.select(*[F.col(f.name).cast(f.dataType) for f in spec.schema.fields])
+            return conform_df(data, spec.schema)
         return self.to_spark(self.to_arrow(spec, data), spec.schema)
 
     @contextmanager
@@ -168,9 +176,15 @@ class DeltaSparkStore(TableStore):
             reader = reader.option("endingVersion", end_version)
         return reader.load(self.path(spec))
 
+    def _snapshot(self, spec: TableSpec) -> Any:
+        """The JVM DeltaLog's current snapshot: the version and app transactions without a Spark job."""
+        jvm = self.spark.sparkContext._jvm
+        assert jvm is not None
+        delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self.spark._jsparkSession, self.path(spec))
+        return delta_log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
+
     def _version(self, spec: TableSpec) -> int:
-        row = self._table(spec).history(1).select("version").first()
-        return int(row[0]) if row else 0
+        return int(self._snapshot(spec).version())
 
     def version(self, spec: TableSpec) -> int | None:
         return self._version(spec) if self.exists(spec) else None
@@ -184,25 +198,26 @@ class DeltaSparkStore(TableStore):
             return None
         # Delta keeps the latest version of every app id in the snapshot's SetTransaction actions;
         # the Python API does not expose them, so ask the JVM DeltaLog for the current snapshot.
-        jvm = self.spark.sparkContext._jvm
-        assert jvm is not None
-        delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(self.spark._jsparkSession, self.path(spec))
-        snapshot = delta_log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
-        found = snapshot.transactions().get(app_id)
+        found = self._snapshot(spec).transactions().get(app_id)
         return int(found.get()) if found.isDefined() else None
 
     def stats(self, spec: TableSpec) -> TableStats:
         if not self.exists(spec):
             return TableStats(spec.key, None, 0, 0, None, None)
-        detail = self._table(spec).detail().first()
         last = self._table(spec).history(1).first()
-        rows = self.read(spec).count()
         ts = last["timestamp"].replace(tzinfo=UTC) if last and last["timestamp"] else None
+        # Rows and files from the log's add actions (their numRecords statistics), never a scan.
+        files = DataFrame(self._snapshot(spec).allFiles().toDF(), self.spark)
+        counted = files.agg(
+            F.coalesce(F.sum(F.get_json_object("stats", "$.numRecords").cast("long")), F.lit(0)).alias("n"),
+            F.count(F.lit(1)).alias("f"),
+        ).first()
+        n_rows, n_files = (int(counted["n"]), int(counted["f"])) if counted else (0, 0)
         return TableStats(
             spec.key,
             int(last["version"]) if last else None,
-            rows,
-            int(detail["numFiles"]) if detail else 0,
+            n_rows,
+            n_files,
             ts if isinstance(ts, datetime) else None,
             last["operation"] if last else None,
         )

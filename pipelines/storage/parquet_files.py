@@ -1,0 +1,315 @@
+"""Data files of a Delta table, moved by Spark and described for a log that someone else writes.
+
+The ``delta-rs`` engine keeps the Delta log with the ``deltalake`` package but lets Spark move the
+rows, so no batch passes through the Python driver: Spark writes Parquet into a staging folder of
+the table, the files are moved beside the table's other files (hive-style partition folders), and
+their add actions carry the statistics Delta readers skip files with, taken from the Parquet
+footers. Reads go the other way: Spark's Parquet reader over the files a snapshot names, with the
+partition values restored from the folders and, for change-feed reads, each file's commit version
+joined on by file name (file names in a Delta table are unique: they carry a UUID).
+
+Only metadata (file lists, footers, commit JSON lines) is handled in Python here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import posixpath
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (
+    BooleanType,
+    DateType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from pipelines.errors import StorageError
+from pipelines.storage.base import conform_df
+
+STAGING = "_staging"
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+#: Delta's default: string statistics keep a 32-character prefix (a max is kept only when whole).
+STRING_STATS_PREFIX = 32
+#: Spark writes timestamps as INT96 by default; Delta (and delta-rs) want TIMESTAMP_MICROS.
+PARQUET_CONFS = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}
+_STATS_TYPES = (IntegerType, LongType, ShortType, DoubleType, FloatType, StringType, TimestampType, DateType)
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One Parquet file placed in a table, as its add action describes it."""
+
+    path: str  # relative to the table root, with '/' separators
+    size: int
+    modification_time: int  # epoch milliseconds
+    partition_values: Mapping[str, str | None]
+    stats: str  # Delta statistics JSON
+
+
+class TableFiles:
+    """The file system under one lake root, as pyarrow reaches it (local folders or object stores)."""
+
+    def __init__(self, lake_root: str):
+        self.fs: pafs.FileSystem
+        self.root: str
+        self.fs, self.root = pafs.FileSystem.from_uri(lake_root) if "://" in lake_root else _local(lake_root)
+        self.root_uri = lake_root if "://" in lake_root else self.root
+
+    def _fs_path(self, uri: str) -> str:
+        return pafs.FileSystem.from_uri(uri)[1] if "://" in uri else uri
+
+    # -- writes -------------------------------------------------------------------------------
+    def write(self, df: DataFrame, table_uri: str, schema: StructType, partition_by: Sequence[str]) -> list[DataFile]:
+        """Write ``df`` as Parquet files of the table at ``table_uri``; return their add descriptions.
+
+        Spark writes into a staging folder of its own (two concurrent writers of one table would
+        otherwise share Hadoop's ``_temporary`` folder, and the first to finish deletes it), then
+        the files move beside the table's others. Nothing is committed here: until the caller
+        commits the add actions, the files are invisible to every Delta reader.
+        """
+        staging = f"{table_uri}/{STAGING}/{uuid.uuid4().hex}"
+        out = conform_df(df, schema)
+        writer = (out.repartition(*partition_by) if partition_by else out).write.mode("overwrite")
+        if partition_by:
+            writer = writer.partitionBy(*partition_by)
+        _set_parquet_confs(df.sparkSession)
+        try:
+            writer.parquet(staging)
+            return self._place(staging, table_uri, schema, partition_by)
+        finally:
+            self.delete_tree(staging)
+
+    def _place(
+        self, staging_uri: str, table_uri: str, schema: StructType, partition_by: Sequence[str]
+    ) -> list[DataFile]:
+        staging, table = self._fs_path(staging_uri), self._fs_path(table_uri)
+        placed: list[DataFile] = []
+        for info in self.fs.get_file_info(pafs.FileSelector(staging, recursive=True)):
+            name = posixpath.basename(info.path)
+            if info.type != pafs.FileType.File or not name.endswith(".parquet") or name.startswith((".", "_")):
+                continue  # _SUCCESS, checksums
+            rel = posixpath.relpath(info.path, staging)
+            meta = pq.read_metadata(info.path, filesystem=self.fs)
+            if meta.num_rows == 0:
+                continue  # Spark writes one empty file for an empty frame; it would only be noise
+            dest = f"{table}/{rel}"
+            self.fs.create_dir(posixpath.dirname(dest), recursive=True)
+            self.fs.move(info.path, dest)
+            moved = self.fs.get_file_info(dest)
+            placed.append(
+                DataFile(
+                    path=rel,
+                    size=int(moved.size or 0),
+                    modification_time=int((moved.mtime_ns or time.time_ns()) // 1_000_000),
+                    partition_values=partition_values(rel, partition_by),
+                    stats=json.dumps(footer_stats(meta, schema, partition_by)),
+                )
+            )
+        return placed
+
+    @contextmanager
+    def staged(self, df: DataFrame, batch_rows: int = 65_536) -> Iterator[pa.RecordBatchReader]:
+        """``df`` as a stream of Arrow batches in the driver, in ``df``'s order, one batch at a time.
+
+        For the few consumers that must run in the driver (a MERGE by delta-rs, an insert into an
+        embedded ClickHouse): Spark writes the rows as Parquet under the lake's staging folder and
+        the driver reads them back batch by batch, so memory holds one batch, never the whole.
+        """
+        uri = f"{self.root_uri}/{STAGING}/stream-{uuid.uuid4().hex}"
+        _set_parquet_confs(df.sparkSession)
+        try:
+            df.write.mode("overwrite").parquet(uri)
+            path = self._fs_path(uri)
+            names = sorted(
+                i.path
+                for i in self.fs.get_file_info(pafs.FileSelector(path))
+                if i.path.endswith(".parquet") and not posixpath.basename(i.path).startswith((".", "_"))
+            )
+            if not names:
+                yield pa.RecordBatchReader.from_batches(to_arrow_schema(df.schema, timezone="UTC"), [])
+                return
+            schema = pq.read_schema(names[0], filesystem=self.fs)
+            dataset = pads.dataset(names, schema=schema, filesystem=self.fs, format="parquet")
+            yield dataset.scanner(batch_size=batch_rows).to_reader()
+        finally:
+            self.delete_tree(uri)
+
+    def delete_files(self, table_uri: str, files: Iterable[DataFile]) -> None:
+        """Remove written files that were never committed (the commit failed)."""
+        table = self._fs_path(table_uri)
+        for f in files:
+            try:
+                self.fs.delete_file(f"{table}/{f.path}")
+            except (FileNotFoundError, OSError):
+                pass
+
+    def delete_tree(self, uri: str) -> None:
+        try:
+            self.fs.delete_dir(self._fs_path(uri))
+        except (FileNotFoundError, OSError):
+            pass
+
+    def clean_staging(self, table_uri: str, older_than: timedelta) -> list[str]:
+        """Staging folders left by writers that died before moving their files; returns those removed."""
+        base = f"{self._fs_path(table_uri)}/{STAGING}"
+        cutoff = time.time_ns() - int(older_than.total_seconds() * 1e9)
+        removed = []
+        for info in self.fs.get_file_info(pafs.FileSelector(base, allow_not_found=True)):
+            if info.type == pafs.FileType.Directory and (info.mtime_ns or 0) < cutoff:
+                self.fs.delete_dir(info.path)
+                removed.append(info.path)
+        return removed
+
+    # -- the log ------------------------------------------------------------------------------
+    def commits(self, table_uri: str, start: int, end: int) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+        """The actions of each commit ``start..end`` (inclusive), read from the JSON log files."""
+        log = f"{self._fs_path(table_uri)}/_delta_log"
+        for version in range(start, end + 1):
+            path = f"{log}/{version:020d}.json"
+            try:
+                with self.fs.open_input_stream(path) as stream:
+                    text = stream.read().decode("utf-8")
+            except FileNotFoundError as exc:
+                raise StorageError(
+                    f"commit {version} of {table_uri} is no longer in its log (log retention removed it); "
+                    "a job that fell this far behind must be restarted from a full read"
+                ) from exc
+            yield version, [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _set_parquet_confs(spark: SparkSession) -> None:
+    for key, value in PARQUET_CONFS.items():
+        spark.conf.set(key, value)
+
+
+def _local(lake_root: str) -> tuple[pafs.FileSystem, str]:
+    import os
+
+    return pafs.LocalFileSystem(), os.path.abspath(lake_root)
+
+
+def partition_values(rel: str, partition_by: Sequence[str]) -> dict[str, str | None]:
+    """``bucket=3/part-0.parquet`` -> ``{"bucket": "3"}``, with Hive's escapes and null undone."""
+    found: dict[str, str | None] = {}
+    for segment in rel.split("/")[:-1]:
+        key, sep, value = segment.partition("=")
+        if sep and key in partition_by:
+            raw = unquote(value)
+            found[key] = None if raw == HIVE_NULL else raw
+    missing = [c for c in partition_by if c not in found]
+    if missing:
+        raise StorageError(f"file {rel} is not under a hive-style folder for {', '.join(missing)}")
+    return {c: found[c] for c in partition_by}
+
+
+def footer_stats(meta: pq.FileMetaData, schema: StructType, partition_by: Sequence[str]) -> dict[str, Any]:
+    """Delta file statistics (numRecords, minValues, maxValues, nullCount) from a Parquet footer.
+
+    A column gets a bound only where every row group has one; timestamps are truncated to
+    milliseconds as Delta writes them, so a maximum is rounded up to stay an upper bound.
+    """
+    types = {f.name: f.dataType for f in schema.fields if f.name not in partition_by}
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for col in range(meta.num_columns):
+        name = meta.row_group(0).column(col).path_in_schema if meta.num_row_groups else None
+        if name is None or name not in types:
+            continue  # nested leaves: Delta's skipping does not need them here
+        kind = types[name]
+        lo: Any = None
+        hi: Any = None
+        n_null: int | None = 0
+        bounded = isinstance(kind, _STATS_TYPES)
+        for rg in range(meta.num_row_groups):
+            st = meta.row_group(rg).column(col).statistics
+            if st is None:
+                bounded, n_null = False, None
+                break
+            if n_null is not None:
+                n_null = n_null + st.null_count if st.has_null_count else None
+            if not bounded:
+                continue
+            if not st.has_min_max:
+                if st.has_null_count and st.null_count == meta.row_group(rg).num_rows:
+                    continue  # all null: no bound needed from this group
+                bounded = False
+                continue
+            lo = st.min if lo is None else min(lo, st.min)
+            hi = st.max if hi is None else max(hi, st.max)
+        if n_null is not None:
+            nulls[name] = n_null
+        if bounded and lo is not None and hi is not None:
+            low, high = _stat_value(lo, kind, upper=False), _stat_value(hi, kind, upper=True)
+            if low is not None:
+                mins[name] = low
+            if high is not None:
+                maxs[name] = high
+    return {"numRecords": meta.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+
+
+def _stat_value(value: Any, kind: Any, upper: bool) -> Any:
+    if isinstance(kind, TimestampType):
+        ts = value if isinstance(value, datetime) else datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=value)
+        ts = ts.astimezone(UTC) if ts.tzinfo else ts.replace(tzinfo=UTC)
+        ms = ts.replace(microsecond=ts.microsecond - ts.microsecond % 1000)
+        if upper and ms != ts:
+            ms += timedelta(milliseconds=1)
+        return ms.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms.microsecond // 1000:03d}Z"
+    if isinstance(kind, DateType):
+        return value.isoformat() if isinstance(value, date) else None
+    if isinstance(kind, StringType):
+        text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+        if len(text) <= STRING_STATS_PREFIX:
+            return text
+        return None if upper else text[:STRING_STATS_PREFIX]
+    if isinstance(kind, (DoubleType, FloatType)):
+        return None if math.isnan(value) else float(value)
+    if isinstance(kind, BooleanType):
+        return None
+    return int(value)
+
+
+# -- reads ------------------------------------------------------------------------------------
+def scan(spark: SparkSession, schema: StructType, base_uri: str, files: Sequence[str]) -> DataFrame:
+    """Spark's Parquet reader over ``files`` (absolute), partition columns restored from their
+    hive-style folders under ``base_uri``, columns in ``schema``'s order."""
+    if not files:
+        return spark.createDataFrame([], schema)
+    df = spark.read.schema(schema).option("basePath", base_uri).parquet(*files)
+    return df.select(*schema.fieldNames())
+
+
+def with_file_columns(
+    df: DataFrame, spark: SparkSession, by_name: Mapping[str, tuple[Any, ...]], fields: Sequence[StructField]
+) -> DataFrame:
+    """``df`` plus ``fields`` looked up per row by the name of the file it came from."""
+    lookup = spark.createDataFrame(
+        [(name, *values) for name, values in by_name.items()],
+        StructType([StructField("_file_name", StringType(), False), *fields]),
+    )
+    tagged = df.withColumn("_file_name", F.col("_metadata.file_name"))
+    return tagged.join(F.broadcast(lookup), "_file_name").drop("_file_name")
