@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import BooleanType, LongType, StructField, StructType
+from pyspark.sql.types import BooleanType, LongType, StructField, StructType, TimestampType
 
 from gold.property_values import KEY_FIELDS, TUPLE, WINDOW_START
 
@@ -43,28 +43,51 @@ OUTBOX_SCHEMA = StructType(
         StructField("count", LongType()),  # what this batch adds in ClickHouse
         StructField("total", LongType()),  # the gold count it brings ClickHouse to
         StructField("correction", BooleanType()),  # the window was exported before
+        # Where the batch left the export (the same on every row of a batch): the gold version
+        # read, the newest event time counted, and the end through which windows are closed. The
+        # next batch reads only gold's changes after that version and the windows closed since.
+        StructField("gold_version", LongType()),
+        StructField("newest_event", TimestampType()),
+        StructField("closed_through", TimestampType()),
     ]
 )
 
 
-def watermark(gold: DataFrame, grace: timedelta) -> datetime | None:
-    """Newest event time counted in gold minus ``grace`` (None while gold is empty)."""
-    newest = gold.agg(F.max("max_event_time")).first()
-    return None if newest is None or newest[0] is None else newest[0] - grace
+def window_closed(width: timedelta, after: datetime | None, through: datetime | None) -> Column:
+    """True for rows whose window ends in (``after``, ``through``] (an open side: no bound).
+
+    Written on ``window_start`` alone so that Parquet statistics can skip files."""
+    cond = F.lit(True)
+    if after is not None:
+        cond = cond & (F.col(WINDOW_START) > F.lit(after - width))
+    if through is not None:
+        cond = cond & (F.col(WINDOW_START) <= F.lit(through - width))
+    return cond
 
 
-def export_batch(
-    exported: DataFrame, width: timedelta, closed_before: datetime | None, min_count: int
-) -> Callable[[DataFrame], DataFrame]:
-    """Gold rows -> rows to send: closed windows (all with ``closed_before`` None) whose count
-    differs from what was exported, minus gated ones; with a ``_gated`` flag kept for metrics."""
-    w = int(width.total_seconds())
+def latest_changes(width: timedelta, through: datetime | None) -> Callable[[DataFrame], DataFrame]:
+    """Change-feed rows of gold -> the newest image of each changed tuple and window whose window
+    ends by ``through`` (every window with None): the rows a late count changed."""
 
-    def transform(gold: DataFrame) -> DataFrame:
-        rows = gold
-        if closed_before is not None:
-            end = F.col(WINDOW_START) + F.make_interval(secs=F.lit(w))
-            rows = rows.where(end <= F.lit(closed_before))
+    def transform(changes: DataFrame) -> DataFrame:
+        images = changes.where(F.col("_change_type").isin("insert", "update_postimage")).where(
+            window_closed(width, None, through)
+        )
+        newest = Window.partitionBy(*EXPORT_KEY).orderBy(F.col("_commit_version").desc())
+        return (
+            images.withColumn("_n", F.row_number().over(newest))
+            .where("_n = 1")
+            .select(*EXPORT_KEY, "count", "max_event_time")
+        )
+
+    return transform
+
+
+def differences(exported: DataFrame, min_count: int) -> Callable[[DataFrame], DataFrame]:
+    """Gold rows of closed windows -> rows to send: the count not exported yet, minus gated ones;
+    with a ``_gated`` flag kept for metrics."""
+
+    def transform(rows: DataFrame) -> DataFrame:
         joined = rows.select(*EXPORT_KEY, F.col("count").alias("total")).join(
             exported.select(*EXPORT_KEY, "exported_count"), list(EXPORT_KEY), "left"
         )
@@ -77,5 +100,18 @@ def export_batch(
             F.col("exported_count").isNotNull().alias("correction"),
             gated.alias("_gated"),
         ).where((F.col("count") != 0) | F.col("_gated"))
+
+    return transform
+
+
+def export_batch(
+    exported: DataFrame, width: timedelta, closed_before: datetime | None, min_count: int
+) -> Callable[[DataFrame], DataFrame]:
+    """All of gold -> rows to send: closed windows (all with ``closed_before`` None) whose count
+    differs from what was exported (the first export, and the reference the incremental one
+    must equal)."""
+
+    def transform(gold: DataFrame) -> DataFrame:
+        return gold.where(window_closed(width, None, closed_before)).transform(differences(exported, min_count))
 
     return transform

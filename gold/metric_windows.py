@@ -16,7 +16,6 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -156,13 +155,13 @@ def merged(rows: DataFrame, group: Sequence[str], top_k: int, *extra: Column) ->
     )
 
 
-def finish(table: pa.Table) -> pa.Table:
-    """Merge the ``frequency`` lists into one sketch per row."""
-    if "frequency" not in table.column_names:
-        return table
-    i = table.column_names.index("frequency")
-    sketches = pa.array([merge_cms(b or []) for b in table.column(i).to_pylist()], pa.binary())
-    return table.set_column(i, "frequency", sketches)
+def finish(rows: DataFrame) -> DataFrame:
+    """Merge the ``frequency`` lists into one sketch per row (Spark has no merge aggregate for
+    count-min sketches; the merge runs on the executors, one small list of sketches per window)."""
+    if "frequency" not in rows.columns:
+        return rows
+    merge = F.udf(lambda blobs: merge_cms(blobs or []), BinaryType(), useArrow=True)
+    return rows.withColumn("frequency", merge(F.col("frequency")))
 
 
 def close_windows(
@@ -234,7 +233,7 @@ def answer(
         cols.append(F.round(F.hll_sketch_estimate("distinct")).cast("long").alias("distinct"))
     if "frequency" in acc:
         cols += [F.col("frequency"), F.col("top_values")]
-    table = finish(m.select(*cols).orderBy(*names).toArrow())
+    table = finish(m.select(*cols).orderBy(*names)).toArrow()  # a query answer: windows, not raw rows
     out = table.to_pylist()
     if "frequency" in acc:
         for row in out:

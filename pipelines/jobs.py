@@ -7,7 +7,8 @@ into partial counts (stage 1), merges them (stage 2) and exports count differenc
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,11 +33,19 @@ from gold.counters import (
     increments,
     load_registry,
 )
-from gold.export import EXPORT_COLUMNS, EXPORT_DATASET, export_batch, watermark
+from gold.export import (
+    EXPORT_COLUMNS,
+    EXPORT_DATASET,
+    EXPORT_KEY,
+    differences,
+    latest_changes,
+    window_closed,
+)
 from gold.metric_windows import close_windows, finish, panes_after, raw_rows
 from gold.property_values import (
     MERGE_ON,
     MERGE_UPDATE,
+    WINDOW_START,
     FanoutRules,
     fan_out,
     merge_source,
@@ -90,24 +99,36 @@ KINDS = {
 }
 
 
-def parse_landing(ctx: Context, record: RunRecord, kind: str, landing: pa.Table) -> tuple[pa.Table, pa.Table]:
-    """Landing rows -> (rows for the bronze table of ``kind``, rows for the quarantine), one parse.
+@dataclass
+class Landed:
+    """Landing rows parsed once: rows for the bronze table and rows for the quarantine.
+
+    Both derive from one cached parse; :meth:`release` drops the cache once they are written.
+    """
+
+    good: DataFrame
+    bad: DataFrame
+    cached: DataFrame
+
+    def release(self) -> None:
+        self.cached.unpersist()
+
+
+def parse_landing(ctx: Context, record: RunRecord, kind: str, landing: pa.Table) -> Landed:
+    """Landing rows -> the rows for the bronze table of ``kind`` and for the quarantine, one parse.
 
     The parsed rows are validated with the bronze table's suite; rows a ``drop`` expectation
     removes join the quarantine rows, so both land in the same commits as the batch.
     """
     target, parser, columns = KINDS[kind]
     parsed = ctx.spark.createDataFrame(landing).transform(parser(ctx.settings.kafka.max_message_bytes)).persist()
-    try:
-        good, bad = valid(parsed, columns), quarantined(parsed, kind)
-        if quality.enabled(ctx):
-            checked = quality.run_suite(ctx, record, quality.suite_for(ctx, target.key).for_batches(), good)
-            good = checked.kept
-            if checked.dropped is not None:
-                bad = bad.unionByName(quality.to_quarantine(checked.dropped, kind))
-        return good.toArrow(), bad.toArrow()
-    finally:
-        parsed.unpersist()
+    good, bad = valid(parsed, columns), quarantined(parsed, kind)
+    if quality.enabled(ctx):
+        checked = quality.run_suite(ctx, record, quality.suite_for(ctx, target.key).for_batches(), good)
+        good = checked.kept
+        if checked.dropped is not None:
+            bad = bad.unionByName(quality.to_quarantine(checked.dropped, kind))
+    return Landed(good, bad, parsed)
 
 
 def bucket_mapping(ctx: Context) -> BucketMapping:
@@ -156,15 +177,20 @@ def ingest_files(ctx: Context, kind: str, paths: Sequence[Path]) -> RunRecord:
             record.noop("every file was landed before")
             return
         landing = landing_table([b for b, _ in files], now)
-        good, bad = parse_landing(ctx, record, kind, landing)
-        for batch, txn in files:
-            name = str(batch.path)
-            append_once(ctx.store, BRONZE_QUARANTINE, bad.filter(pc.equal(bad["source_file"], name)), txn)
-            append_once(ctx.store, target, good.filter(pc.equal(good["source_file"], name)), txn)
+        landed = parse_landing(ctx, record, kind, landing)
+        try:
+            for batch, txn in files:
+                name = F.col("source_file") == F.lit(str(batch.path))
+                append_once(ctx.store, BRONZE_QUARANTINE, landed.bad.where(name), txn)
+                append_once(ctx.store, target, landed.good.where(name), txn)
+            # Two counts of the cached parse: small figures, not rows.
+            n_good, n_bad = landed.good.count(), landed.bad.count()
+        finally:
+            landed.release()
         record.rows_in = landing.num_rows
-        record.rows_out = good.num_rows
-        record.add(files=len(files), quarantined=bad.num_rows)
-        ctx.say(f"landed {good.num_rows:,} {kind} from {len(files)} file(s), {bad.num_rows:,} quarantined")
+        record.rows_out = n_good
+        record.add(files=len(files), quarantined=n_bad)
+        ctx.say(f"landed {n_good:,} {kind} from {len(files)} file(s), {n_bad:,} quarantined")
 
     return run_job(ctx, f"ingest_file.{kind}", body)
 
@@ -211,7 +237,11 @@ def ingest_kafka(
             now = datetime.now(UTC)
             for topic, messages in by_topic.items():
                 target = KINDS[kinds[topic]][0]
-                good, bad = parse_landing(ctx, record, kinds[topic], kafka.landing_rows(messages, batch_id, now))
+                parsed = parse_landing(ctx, record, kinds[topic], kafka.landing_rows(messages, batch_id, now))
+                # A flush's rows were born in this process (the consumer) and are bounded by
+                # --max-batch: they go back to Arrow so each partition's offsets commit with them.
+                good, bad = parsed.good.toArrow(), parsed.bad.toArrow()
+                parsed.release()
                 last = kafka.last_offsets(messages)
                 kafka.write_partitions_once(ctx.store, BRONZE_QUARANTINE, bad, last, group)
                 landed = kafka.write_partitions_once(ctx.store, target, good, last, group)
@@ -257,25 +287,25 @@ def silver_events(ctx: Context, buckets: Sequence[int] | None = None) -> RunReco
             record.noop("no new bronze events")
             return
         batch = _in_buckets(inc.read(ctx.store).transform(to_silver_events(mapping)), buckets).persist()
-        out = quality.gate(ctx, record, SILVER_EVENTS.key, batch, inc.txn).toArrow()
-        batch.unpersist()
+        out = quality.gate(ctx, record, SILVER_EVENTS.key, batch, inc.txn)
         ctx.store.append(SILVER_EVENTS, out, [inc.txn])
-        record.rows_in = record.rows_out = out.num_rows
-        per_bucket = pc.value_counts(out["bucket"]).to_pylist() if out.num_rows else []
-        record.add(**{f"bucket.{d['values']}.events": d["counts"] for d in per_bucket})
-        if out.num_rows:
-            # Lag: how far behind now the newest event of each bucket in this batch is.
-            now = datetime.now(UTC).timestamp()
-            newest = out.group_by("bucket").aggregate([("event_time", "max")]).to_pylist()
-            record.add(
-                **{
-                    f"bucket.{r['bucket']}.lag_seconds": round(now - r["event_time_max"].timestamp(), 3)
-                    for r in newest
-                    if r["event_time_max"] is not None
-                }
-            )
+        # One row per bucket: the batch's figures, not its rows.
+        per_bucket = out.groupBy("bucket").agg(F.count(F.lit(1)).alias("n"), F.max("event_time").alias("t")).collect()
+        batch.unpersist()
+        n_out = sum(int(r["n"]) for r in per_bucket)
+        record.rows_in = record.rows_out = n_out
+        record.add(**{f"bucket.{r['bucket']}.events": int(r["n"]) for r in per_bucket})
+        # Lag: how far behind now the newest event of each bucket in this batch is.
+        now = datetime.now(UTC).timestamp()
+        record.add(
+            **{
+                f"bucket.{r['bucket']}.lag_seconds": round(now - r["t"].timestamp(), 3)
+                for r in per_bucket
+                if r["t"] is not None
+            }
+        )
         record.add(source_from=inc.start, source_to=inc.end)
-        ctx.say(f"silver/events: {out.num_rows:,} events in {len(per_bucket)} bucket(s)")
+        ctx.say(f"silver/events: {n_out:,} events in {len(per_bucket)} bucket(s)")
 
     return run_job(ctx, "silver.events", body)
 
@@ -335,53 +365,52 @@ def silver_page_changes(ctx: Context, drain: bool = False) -> RunRecord:
             .agg(F.count(F.lit(1)).alias("n"), F.sum(F.col("_stale").cast("int")).alias("stale"))
             .first()
         )
-        emitted = quality.gate(ctx, record, SILVER_PAGE_CHANGES.key, result.emitted, AppTxn(app, seq + 1)).toArrow()
-        new_state = (
-            result.buffered.withColumn("kind", F.lit("event"))
-            .unionByName(
+        emitted = quality.gate(ctx, record, SILVER_PAGE_CHANGES.key, result.emitted, AppTxn(app, seq + 1))
+        open_events = result.buffered.persist()
+        cached.append(open_events)
+        new_state = _union(
+            [
+                open_events.withColumn("kind", F.lit("event")),
                 result.last_emitted.select(
                     F.lit("key").alias("kind"),
                     *KEY,
                     F.col(LAST_REV).alias("rev_id"),
                     F.col(LAST_TIME).alias("event_time"),
                 ),
-                allowMissingColumns=True,
-            )
-            .toArrow()
+                emitted.withColumn("kind", F.lit("emit")),
+                ctx.spark.createDataFrame(
+                    [("progress", max_seen, end)], "kind string, max_event_time timestamp, bronze_version long"
+                ),
+            ],
+            allow_missing=True,
         )
-        progress_row = pa.Table.from_pylist(
-            [{"kind": "progress", "max_event_time": max_seen, "bronze_version": end}],
-            schema=SILVER_PAGE_CHANGE_STATE.arrow_schema,
-        )
-        outbox = ctx.store.to_arrow(
-            SILVER_PAGE_CHANGE_STATE, emitted.append_column("kind", pa.array(["emit"] * emitted.num_rows, pa.string()))
-        )
-        full_state = pa.concat_tables([ctx.store.to_arrow(SILVER_PAGE_CHANGE_STATE, new_state), outbox, progress_row])
+        # The run's figures, computed on the cached steps before the state they read is replaced.
+        n_emitted = emitted.count()
+        buffered_events = open_events.count()
+        open_windows = open_events.select("wiki_id", "page_id", "window_start").distinct().count()
+        n_key_rows = result.last_emitted.count()
+        ctx.store.overwrite(SILVER_PAGE_CHANGE_STATE, new_state, [AppTxn(app, seq + 1)])
         state.unpersist()
         for df in cached:
             df.unpersist()
-        ctx.store.overwrite(SILVER_PAGE_CHANGE_STATE, full_state, [AppTxn(app, seq + 1)])
         publish()
         n_final = int(finalized["n"] or 0) if finalized else 0
         stale = int(finalized["stale"] or 0) if finalized else 0
-        open_events = new_state.filter(pc.equal(new_state["kind"], "event"))
-        buffered_events = open_events.num_rows
-        open_windows = open_events.group_by(["wiki_id", "page_id", "window_start"]).aggregate([]).num_rows
-        record.rows_in, record.rows_out = n_in, emitted.num_rows
+        record.rows_in, record.rows_out = n_in, n_emitted
         record.add(
             input_events=n_in,
             finalized_events=n_final,
-            emitted=emitted.num_rows,
+            emitted=n_emitted,
             stale=stale,
-            deduplicated=n_final - emitted.num_rows - stale,
+            deduplicated=n_final - n_emitted - stale,
             open_windows=open_windows,
             buffered_events=buffered_events,
-            state_rows=full_state.num_rows,
+            state_rows=buffered_events + n_key_rows + n_emitted + 1,
         )
         if watermark is not None:
             record.add(watermark_epoch_s=watermark.timestamp())
         ctx.say(
-            f"silver/page_changes: {n_in:,} new, {n_final:,} in closed windows -> {emitted.num_rows:,} emitted, "
+            f"silver/page_changes: {n_in:,} new, {n_final:,} in closed windows -> {n_emitted:,} emitted, "
             f"{stale:,} stale, {buffered_events:,} buffered in {open_windows:,} open window(s)"
             + (" (drained)" if drain else "")
         )
@@ -409,15 +438,15 @@ def gold_partials(ctx: Context, buckets: Sequence[int] | None = None) -> RunReco
         reasons = {r["reason"]: r["count"] for r in skip_counts(tuples).collect()}
         counted = reasons.pop("counted", 0)
         batch = tuples.transform(partials(ctx.settings.gold.window)).persist()
-        out = quality.gate(ctx, record, GOLD_PARTIALS.key, batch, inc.txn, tuples=counted).toArrow()
-        n_events = events.count()
+        out = quality.gate(ctx, record, GOLD_PARTIALS.key, batch, inc.txn, tuples=counted)
+        n_events, n_out = events.count(), out.count()
+        ctx.store.append(GOLD_PARTIALS, out, [inc.txn])
         for df in (batch, tuples, events):
             df.unpersist()
-        ctx.store.append(GOLD_PARTIALS, out, [inc.txn])
-        record.rows_in, record.rows_out = n_events, out.num_rows
-        record.add(input_events=n_events, tuples=counted, partial_rows=out.num_rows)
+        record.rows_in, record.rows_out = n_events, n_out
+        record.add(input_events=n_events, tuples=counted, partial_rows=n_out)
         record.add(**{f"skipped.{k}": v for k, v in reasons.items()})
-        ctx.say(f"gold stage 1: {n_events:,} events -> {counted:,} tuples -> {out.num_rows:,} partial rows")
+        ctx.say(f"gold stage 1: {n_events:,} events -> {counted:,} tuples -> {n_out:,} partial rows")
 
     return run_job(ctx, "gold.partials", body)
 
@@ -433,14 +462,14 @@ def gold_merge(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
             return
         parts = _in_buckets(inc.read(ctx.store), buckets).persist()
         batch = parts.transform(merge_source()).persist()
-        source = quality.gate(ctx, record, GOLD_PROPERTY_VALUES.key, batch, inc.txn).toArrow()
+        source = quality.gate(ctx, record, GOLD_PROPERTY_VALUES.key, batch, inc.txn)
+        n_parts, n_source = parts.count(), source.count()
         ctx.store.merge(GOLD_PROPERTY_VALUES, source, on=MERGE_ON, update=MERGE_UPDATE, txns=[inc.txn])
-        record.rows_in = int(parts.count())
         batch.unpersist()
         parts.unpersist()
-        record.rows_out = source.num_rows
-        record.add(partial_rows=record.rows_in, merged_rows=source.num_rows)
-        ctx.say(f"gold stage 2: {record.rows_in:,} partial rows merged as {source.num_rows:,} rows")
+        record.rows_in, record.rows_out = n_parts, n_source
+        record.add(partial_rows=n_parts, merged_rows=n_source)
+        ctx.say(f"gold stage 2: {n_parts:,} partial rows merged as {n_source:,} rows")
 
     return run_job(ctx, "gold.merge", body)
 
@@ -461,25 +490,28 @@ def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:
 
     def deliver(seq: int, record: RunRecord) -> int:
         """Send outbox batch ``seq`` (again) and record it as exported; returns rows sent."""
-        rows = ctx.store.read(EXPORT_OUTBOX, where=f"export_seq = {seq}").orderBy(*EXPORT_COLUMNS[:-1]).toArrow()
-        data = rows.select(list(EXPORT_COLUMNS))
-        with clickhouse.connect(ctx.settings) as client:
+        rows = ctx.store.read(EXPORT_OUTBOX, where=f"export_seq = {seq}").persist()
+        sent = 0
+        with (
+            clickhouse.connect(ctx.settings) as client,
+            ctx.store.stream(rows.select(*EXPORT_COLUMNS).orderBy(*EXPORT_COLUMNS[:-1])) as batches,
+        ):
             clickhouse.ensure_property_values(client, database)
-            for i, offset in enumerate(range(0, data.num_rows, chunk)):
-                clickhouse.insert(
-                    client, clickhouse.PROPERTY_VALUES_TABLE, data.slice(offset, chunk), _token(seq, i), database
-                )
-        source = rows.select([*EXPORT_COLUMNS[:-1], "total"]).rename_columns([*EXPORT_COLUMNS[:-1], "exported_count"])
-        source = source.append_column("export_seq", pa.array([seq] * source.num_rows, pa.int64()))
+            # A fixed order and chunking, so a resend carries the same tokens for the same rows.
+            for i, data in enumerate(rechunk(batches, chunk)):
+                clickhouse.insert(client, clickhouse.PROPERTY_VALUES_TABLE, data, _token(seq, i), database)
+                sent += data.num_rows
         ctx.store.merge(
             GOLD_EXPORTED,
-            source,
+            rows.select(*EXPORT_COLUMNS[:-1], F.col("total").alias("exported_count"), "export_seq"),
             on=" AND ".join(f"t.{c} = s.{c}" for c in EXPORT_COLUMNS[:-1]),
             update={"exported_count": "s.exported_count", "export_seq": "s.export_seq"},
             txns=[AppTxn(app, seq)],
         )
-        count_sum = int(pc.sum(data["count"]).as_py() or 0) if data.num_rows else 0
-        corrections = int(pc.sum(rows["correction"].cast(pa.int64())).as_py() or 0) if rows.num_rows else 0
+        # Two sums over the batch: figures, not rows.
+        sums = rows.agg(F.sum("count").alias("n"), F.sum(F.col("correction").cast("long")).alias("c")).first()
+        rows.unpersist()
+        count_sum, corrections = (int(sums["n"] or 0), int(sums["c"] or 0)) if sums else (0, 0)
         log_row = pa.Table.from_pylist(
             [
                 {
@@ -488,7 +520,7 @@ def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:
                     "source": GOLD_PROPERTY_VALUES.key,
                     "from_version": seq,
                     "to_version": seq,
-                    "rows": data.num_rows,
+                    "rows": sent,
                     "count_sum": count_sum,
                     "exported_at": datetime.now(UTC),
                 }
@@ -497,11 +529,11 @@ def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:
         )
         append_once(ctx.store, EXPORTS, log_row, AppTxn(app, seq))
         record.add(
-            rows_exported=record.metrics.get("rows_exported", 0) + data.num_rows,
+            rows_exported=record.metrics.get("rows_exported", 0) + sent,
             late_corrections=record.metrics.get("late_corrections", 0) + corrections,
             count_sum=record.metrics.get("count_sum", 0) + count_sum,
         )
-        return data.num_rows
+        return sent
 
     def body(record: RunRecord) -> None:
         for spec in (GOLD_PROPERTY_VALUES, GOLD_EXPORTED, EXPORT_OUTBOX, EXPORTS):
@@ -511,27 +543,70 @@ def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:
         if out_seq > done_seq:
             resent = deliver(out_seq, record)
             ctx.say(f"export: finished batch {out_seq} that a stopped run had left ({resent:,} rows)")
-        gold = ctx.store.read(GOLD_PROPERTY_VALUES).persist()
-        closed_before = None if drain else watermark(gold, g.grace)
-        if not drain and closed_before is None:
-            gold.unpersist()
+        version = ctx.store.version(GOLD_PROPERTY_VALUES)
+        prev = _export_progress(ctx, out_seq)
+        if prev is not None and prev.gold_version == version and not drain:
+            record.noop(f"gold has not changed since export batch {out_seq}")
+            return
+        cached: list[DataFrame] = []
+        if prev is None:
+            # The first export (or the first since the lake kept its progress): all of gold.
+            candidates = ctx.store.read(GOLD_PROPERTY_VALUES).persist()
+            cached.append(candidates)
+            newest = _newest(candidates, None)
+            exported = ctx.store.read(GOLD_EXPORTED)
+            after = None
+        else:
+            # Only what changed: the windows closed since the last batch, and the tuples of
+            # windows closed before it that gold's change feed shows late counts for.
+            changes = ctx.store.read_changes(GOLD_PROPERTY_VALUES, prev.gold_version + 1, version).persist()
+            cached.append(changes)
+            newest = _newest(changes, prev.newest_event)
+            late = changes.transform(latest_changes(g.window, prev.closed_through)).persist()
+            cached.append(late)
+            # The late tuples' windows, to read only their part of what was exported: a list of
+            # window starts, bounded by the time the late data spans, not by its rows.
+            windows = [r[0] for r in late.select(WINDOW_START).distinct().collect()]
+            exported = ctx.store.read(GOLD_EXPORTED).where(F.col(WINDOW_START).isin(windows))
+            after = prev.closed_through
+        if newest is None:
+            for df in cached:
+                df.unpersist()
             record.noop("gold is empty")
             return
-        exported = ctx.store.read(GOLD_EXPORTED)
-        batch = gold.transform(export_batch(exported, g.window, closed_before, g.min_export_count)).persist()
+        closed_before = None if drain else newest - g.grace
+        through = newest + g.window if drain else newest - g.grace
+        if prev is not None:
+            fresh = ctx.store.read(GOLD_PROPERTY_VALUES).where(window_closed(g.window, after, closed_before))
+            candidates = fresh.select(*EXPORT_KEY, "count").unionByName(late.select(*EXPORT_KEY, "count"))
+            through = max(through, prev.closed_through)
+        else:
+            candidates = candidates.where(window_closed(g.window, None, closed_before))
+        batch = candidates.transform(differences(exported, g.min_export_count)).persist()
+        cached.append(batch)
         gated = batch.where("_gated").count()
         seq = out_seq + 1
         to_send = quality.gate(ctx, record, EXPORT_DATASET, batch.where("NOT _gated").drop("_gated"), AppTxn(app, seq))
-        rows = to_send.withColumn("export_seq", F.lit(seq).cast("long")).toArrow()
-        batch.unpersist()
-        gold.unpersist()
+        rows = to_send.select(
+            F.lit(seq).cast("long").alias("export_seq"),
+            "*",
+            F.lit(version).cast("long").alias("gold_version"),
+            F.lit(newest).alias("newest_event"),
+            F.lit(through).alias("closed_through"),
+        ).persist()
+        cached.append(rows)
+        n_rows = rows.count()
         record.add(gated=gated)
         if closed_before is not None:
             record.add(watermark_epoch_s=closed_before.timestamp())
-        if rows.num_rows == 0:
+        if n_rows == 0:
+            for df in cached:
+                df.unpersist()
             record.noop("no closed window has counts to export" + (f" ({gated:,} gated)" if gated else ""))
             return
         ctx.store.append(EXPORT_OUTBOX, rows, [AppTxn(app, seq)])
+        for df in cached:
+            df.unpersist()
         sent = deliver(seq, record)
         record.rows_in = record.rows_out = sent
         ctx.say(
@@ -541,6 +616,52 @@ def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:
         )
 
     return run_job(ctx, "export.clickhouse", body)
+
+
+@dataclass(frozen=True)
+class ExportProgress:
+    gold_version: int
+    newest_event: datetime
+    closed_through: datetime
+
+
+def _export_progress(ctx: Context, seq: int) -> ExportProgress | None:
+    """Where export batch ``seq`` left the export (None before the first, or for a batch written
+    before the outbox kept it): one row of the batch, its progress columns."""
+    if seq == 0:
+        return None
+    row = (
+        ctx.store.read(EXPORT_OUTBOX, where=f"export_seq = {seq}")
+        .select("gold_version", "newest_event", "closed_through")
+        .limit(1)
+        .collect()
+    )
+    if not row or row[0]["gold_version"] is None:
+        return None
+    return ExportProgress(int(row[0]["gold_version"]), row[0]["newest_event"], row[0]["closed_through"])
+
+
+def _newest(rows: DataFrame, before: datetime | None) -> datetime | None:
+    """The newest event time counted: ``before`` or the newest in ``rows``, whichever is later."""
+    found = rows.agg(F.max("max_event_time")).first()
+    newest = found[0] if found else None
+    return max((t for t in (before, newest) if t is not None), default=None)
+
+
+def rechunk(batches: pa.RecordBatchReader, rows: int) -> Iterator[pa.Table]:
+    """Arrow batches -> tables of exactly ``rows`` rows (the last one fewer), in order."""
+    pending: list[pa.RecordBatch] = []
+    size = 0
+    for batch in batches:
+        while batch.num_rows:
+            take = min(rows - size, batch.num_rows)
+            pending.append(batch.slice(0, take))
+            batch, size = batch.slice(take), size + take
+            if size == rows:
+                yield pa.Table.from_batches(pending)
+                pending, size = [], 0
+    if size:
+        yield pa.Table.from_batches(pending)
 
 
 def _token(seq: int, chunk: int) -> str:
@@ -557,9 +678,12 @@ def publish_outbox(ctx: Context, state: TableSpec, out: TableSpec, app: str, kin
     out_seq = ctx.store.txn_version(out, app)
     if state_seq is None or (out_seq is not None and out_seq >= state_seq):
         return 0
-    rows = ctx.store.read(state, where=f"kind = '{kind}'").select(*columns).toArrow()
-    ctx.store.append(out, rows, [AppTxn(app, state_seq)])
-    return rows.num_rows
+    rows = ctx.store.read(state, where=f"kind = '{kind}'").select(*columns).persist()
+    try:
+        ctx.store.append(out, rows, [AppTxn(app, state_seq)])
+        return rows.count()
+    finally:
+        rows.unpersist()
 
 
 # -- metrics ------------------------------------------------------------------------------------
@@ -599,6 +723,7 @@ def silver_metric_panes(ctx: Context, drain: bool = False) -> RunRecord:
             new = new.persist()
         lasts = state.where("kind = 'last'").select("aggregation", "series_id", "timestamp", "value")
         panes, keep, new_lasts, progress_rows = [], [], [], []
+        kept_cached: list[DataFrame] = []  # each aggregation's samples, cached until the state is written
         n_in = 0
         for agg in aggs:
             mine = select_samples(new, agg).persist() if new is not None else buffered.limit(0)
@@ -635,36 +760,35 @@ def silver_metric_panes(ctx: Context, drain: bool = False) -> RunRecord:
             record.add(**{f"{agg.name}.samples": n_new, f"{agg.name}.late_{agg.late}": n_late})
             if watermark is not None:
                 record.add(**{f"{agg.name}.watermark_epoch_s": watermark.timestamp()})
-            mine.unpersist()
-        pane_rows = _union(panes).toArrow()
-        pane_rows = ctx.store.to_arrow(
-            SILVER_METRIC_STATE, pane_rows.append_column("kind", pa.array(["pane"] * pane_rows.num_rows, pa.string()))
-        )
+            kept_cached.append(mine)
         samples = _union(keep).withColumn("kind", F.lit("sample"))
         last_rows = _union(new_lasts).withColumn("kind", F.lit("last"))
-        rest = samples.unionByName(last_rows, allowMissingColumns=True).toArrow()
+        rest = samples.unionByName(last_rows, allowMissingColumns=True).persist()
         progress_rows.append({"kind": "progress", "aggregation": None, "bronze_version": end})
-        full_state = pa.concat_tables(
+        new_state = _union(
             [
-                ctx.store.to_arrow(SILVER_METRIC_STATE, rest),
-                pane_rows,
-                pa.Table.from_pylist(progress_rows, schema=SILVER_METRIC_STATE.arrow_schema),
-            ]
+                rest,
+                _union(panes).withColumn("kind", F.lit("pane")),
+                ctx.spark.createDataFrame(
+                    progress_rows,
+                    "kind string, aggregation string, max_seen timestamp, dropped long, bronze_version long",
+                ),
+            ],
+            allow_missing=True,
         )
-        state.unpersist()
-        if new is not None:
-            new.unpersist()
-        ctx.store.overwrite(SILVER_METRIC_STATE, full_state, [AppTxn(app, seq + 1)])
+        # One row per kind: figures of the cached rest, taken before the state it reads is replaced.
+        counts = {r["kind"]: int(r["n"]) for r in rest.groupBy("kind").agg(F.count(F.lit(1)).alias("n")).collect()}
+        ctx.store.overwrite(SILVER_METRIC_STATE, new_state, [AppTxn(app, seq + 1)])
+        for df in (rest, state, *kept_cached, *([new] if new is not None else [])):
+            df.unpersist()
         published = publish_outbox(ctx, SILVER_METRIC_STATE, SILVER_METRIC_PANES, app, "pane", METRIC_PANE_COLUMNS)
-        kinds = pc.value_counts(rest["kind"]).to_pylist() if rest.num_rows else []
-        counts = {d["values"]: d["counts"] for d in kinds}
         record.rows_in, record.rows_out = n_in, published
         record.add(
             input_samples=n_in,
             panes=published,
             buffered_samples=counts.get("sample", 0),
             series_tracked=counts.get("last", 0),
-            state_rows=full_state.num_rows,
+            state_rows=sum(counts.values()) + published + len(progress_rows),
         )
         ctx.say(
             f"silver/metric_panes: {n_in:,} samples -> {published:,} final pane rows, "
@@ -718,12 +842,14 @@ def gold_metric_windows(ctx: Context) -> RunRecord:
             if prev is not None:
                 panes = panes.where(panes_after(prev, agg))
             outs.append(close_windows(agg, mine, panes, prev, through))
-        rows = finish(_union(outs).toArrow()) if outs else GOLD_METRIC_WINDOWS.arrow_schema.empty_table()
-        new.unpersist()
+        rows = finish(_union(outs)).persist() if outs else ctx.spark.createDataFrame([], GOLD_METRIC_WINDOWS.schema)
         ctx.store.append(GOLD_METRIC_WINDOWS, rows, [inc.txn])
-        kinds = {d["values"]: d["counts"] for d in pc.value_counts(rows["kind"]).to_pylist()} if rows.num_rows else {}
+        # One row per kind of window row: figures, not rows.
+        kinds = {r["kind"]: int(r["n"]) for r in rows.groupBy("kind").agg(F.count(F.lit(1)).alias("n")).collect()}
+        rows.unpersist()
+        new.unpersist()
         record.rows_in = sum(int(s["n"]) for s in stats.values())
-        record.rows_out = rows.num_rows
+        record.rows_out = sum(kinds.values())
         record.add(pane_rows=record.rows_in, **{f"{k}_rows": v for k, v in kinds.items()})
         ctx.say(
             f"gold/metric_windows: {record.rows_in:,} pane rows -> {kinds.get('window', 0):,} closed windows, "
@@ -733,10 +859,10 @@ def gold_metric_windows(ctx: Context) -> RunRecord:
     return run_job(ctx, "gold.metric_windows", body)
 
 
-def _union(frames: Sequence[DataFrame]) -> DataFrame:
+def _union(frames: Sequence[DataFrame], allow_missing: bool = False) -> DataFrame:
     out = frames[0]
     for df in frames[1:]:
-        out = out.unionByName(df)
+        out = out.unionByName(df, allowMissingColumns=allow_missing)
     return out
 
 
@@ -764,12 +890,14 @@ def gold_counter_partials(ctx: Context) -> RunRecord:
             record.noop("no new silver events")
             return
         events = inc.read(ctx.store)
-        rows = increments(events, registry, ctx.settings.counters.window, inc.end).toArrow()
+        rows = increments(events, registry, ctx.settings.counters.window, inc.end).persist()
         ctx.store.append(GOLD_COUNTER_PARTIALS, rows, [inc.txn])
-        n = int(pc.sum(rows["count"]).as_py() or 0) if rows.num_rows else 0
-        record.rows_in, record.rows_out = n, rows.num_rows
-        record.add(increments=n, partial_rows=rows.num_rows)
-        ctx.say(f"gold/counter_partials: {n:,} increments -> {rows.num_rows:,} partial rows")
+        totals = rows.agg(F.count(F.lit(1)).alias("rows"), F.sum("count").alias("n")).first()
+        rows.unpersist()
+        n, n_rows = (int(totals["n"] or 0), int(totals["rows"])) if totals else (0, 0)
+        record.rows_in, record.rows_out = n, n_rows
+        record.add(increments=n, partial_rows=n_rows)
+        ctx.say(f"gold/counter_partials: {n:,} increments -> {n_rows:,} partial rows")
 
     return run_job(ctx, "gold.counter_partials", body)
 
@@ -794,9 +922,11 @@ def gold_counters(ctx: Context, drain: bool = False) -> RunRecord:
             record.noop("no counter partials yet")
             return
         seq, clock = int(stats["seq"]), stats["clock"]
-        source = flush_source(parts, ctx.store.read(GOLD_COUNTERS), registry, clock, seq, force=drain).toArrow()
-        parts.unpersist()
-        if source.num_rows == 0:
+        source = flush_source(parts, ctx.store.read(GOLD_COUNTERS), registry, clock, seq, force=drain).persist()
+        n_source = source.count()
+        if n_source == 0:
+            source.unpersist()
+            parts.unpersist()
             record.noop("no entity is due for a flush")
             return
         run = (ctx.store.txn_version(GOLD_COUNTERS, "gold.counters") or 0) + 1
@@ -809,9 +939,11 @@ def gold_counters(ctx: Context, drain: bool = False) -> RunRecord:
             update_when=FLUSH_WHEN,
             txns=[AppTxn("gold.counters", run)],
         )
-        record.rows_in = record.rows_out = source.num_rows
-        record.add(flushed_entities=source.num_rows, clock_epoch_s=clock.timestamp(), partial_seq=seq)
-        ctx.say(f"gold/counters: flushed {source.num_rows:,} entities through batch {seq}")
+        source.unpersist()
+        parts.unpersist()
+        record.rows_in = record.rows_out = n_source
+        record.add(flushed_entities=n_source, clock_epoch_s=clock.timestamp(), partial_seq=seq)
+        ctx.say(f"gold/counters: flushed {n_source:,} entities through batch {seq}")
 
     return run_job(ctx, "gold.counters", body)
 
@@ -832,11 +964,13 @@ def counter_milestones(ctx: Context) -> RunRecord:
             record.noop("no new counter changes")
             return
         changes = ctx.store.read_changes(GOLD_COUNTERS, inc.start, inc.end)
-        rows = crossings(changes, registry).toArrow()
+        rows = crossings(changes, registry).persist()
         ctx.store.append(GOLD_COUNTER_MILESTONES, rows, [inc.txn])
-        record.rows_out = rows.num_rows
-        record.add(milestones=rows.num_rows, counters_from=inc.start, counters_to=inc.end)
-        ctx.say(f"gold/counter_milestones: {rows.num_rows:,} threshold(s) crossed")
+        n = rows.count()
+        rows.unpersist()
+        record.rows_out = n
+        record.add(milestones=n, counters_from=inc.start, counters_to=inc.end)
+        ctx.say(f"gold/counter_milestones: {n:,} threshold(s) crossed")
 
     return run_job(ctx, "gold.counter_milestones", body)
 
@@ -870,23 +1004,36 @@ def export_counters(ctx: Context) -> RunRecord:
                 "updated_at",
             )
             .orderBy("version", "counter", "entity")
-            .toArrow()
         )
         sent = 0
-        versions = sorted(set(changes["version"].to_pylist())) if changes.num_rows else []
-        with clickhouse.connect(ctx.settings) as client:
+        versions: list[int] = []
+
+        def send(client: Any, rows: pa.Table) -> None:
+            nonlocal sent
+            version = rows["version"][0].as_py()
+            clickhouse.insert(client, clickhouse.COUNTERS_TABLE, rows, f"medallion:gold/counters:v{version}", database)
+            log_row = pa.Table.from_pylist(
+                [{"counters_version": version, "rows": rows.num_rows, "exported_at": datetime.now(UTC)}],
+                schema=COUNTER_EXPORTS.arrow_schema,
+            )
+            ctx.store.append(COUNTER_EXPORTS, log_row, [AppTxn(app, version)])
+            sent += rows.num_rows
+            versions.append(version)
+
+        with clickhouse.connect(ctx.settings) as client, ctx.store.stream(changes) as batches:
             clickhouse.ensure_counters(client, database)
-            for version in versions:
-                rows = changes.filter(pc.equal(changes["version"], version))
-                clickhouse.insert(
-                    client, clickhouse.COUNTERS_TABLE, rows, f"medallion:gold/counters:v{version}", database
-                )
-                log_row = pa.Table.from_pylist(
-                    [{"counters_version": version, "rows": rows.num_rows, "exported_at": datetime.now(UTC)}],
-                    schema=COUNTER_EXPORTS.arrow_schema,
-                )
-                ctx.store.append(COUNTER_EXPORTS, log_row, [AppTxn(app, version)])
-                sent += rows.num_rows
+            # One insert per counters version (its token); the driver holds one version's rows.
+            held: list[pa.Table] = []
+            for batch in batches:
+                table = pa.Table.from_batches([batch])
+                for version in pc.unique(table["version"]).to_pylist():
+                    part = table.filter(pc.equal(table["version"], version))
+                    if held and held[0]["version"][0].as_py() != version:
+                        send(client, pa.concat_tables(held))
+                        held = []
+                    held.append(part)
+            if held:
+                send(client, pa.concat_tables(held))
         if not versions or versions[-1] < inc.end:
             # Versions without row changes (table creation, optimize) are recorded as done too.
             empty = COUNTER_EXPORTS.arrow_schema.empty_table()

@@ -114,7 +114,7 @@ def gate(ctx: Context, record: RunRecord, table: str, df: DataFrame, txn: AppTxn
         return df
     validation = run_suite(ctx, record, suite_for(ctx, table, **params).for_batches(), df)
     if validation.dropped is not None:
-        rows = ctx.store.to_arrow(BRONZE_QUARANTINE, to_quarantine(validation.dropped, table))
+        rows = to_quarantine(validation.dropped, table)
         if txn is None:
             ctx.store.append(BRONZE_QUARANTINE, rows)
         else:
