@@ -98,6 +98,10 @@ def build_spark(settings: Settings) -> SparkSession:
         return spark
 
     check_java()
+    if not os.environ.get("PYSPARK_PYTHON"):
+        # The conf alone does not reach every worker launch (Arrow UDFs in local mode start
+        # ``$PYSPARK_PYTHON`` or ``python3`` from PATH), so the environment says it too.
+        os.environ["PYSPARK_PYTHON"] = sys.executable
     builder = SparkSession.builder.master(settings.spark.master or "local[2]").appName(settings.spark.app_name)
     for key, value in confs.items():
         builder = builder.config(key, value)
