@@ -1,21 +1,33 @@
-"""Shared fixtures: one local Spark session for the whole test run."""
+"""Shared fixtures: one local Spark session for the whole test run, and the storage engine under test."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 
 from pipelines.settings import Settings, load_settings
-from pipelines.spark import build_spark
+from pipelines.spark import build_spark, has_delta_classes
+from pipelines.storage import TableStore, open_store
 
 # Real servers for integration tests: kafka_broker, node_exporter, prometheus_factory, vmagent_factory.
 pytest_plugins = ["tests.infra"]
+# Imported here too (for require_or_skip), so register it for assert rewriting before that import.
+pytest.register_assert_rewrite("tests.infra")
+from tests.infra import require_or_skip  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+
+ENGINES = ("delta-rs", "delta-spark")
+DELTA_JARS_ENV = "MEDALLION_DELTA_JARS"
+NO_DELTA_JARS = (
+    "delta-spark engine: the Delta Lake JVM classes are not on the test Spark session's classpath; "
+    f"set {DELTA_JARS_ENV} to the comma-separated Delta jars, e.g. "
+    f"{DELTA_JARS_ENV}=$(ls ../shared/delta-jars/*.jar | paste -sd, -)"
+)
 
 
 @pytest.fixture(scope="session")
@@ -24,7 +36,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
         lake_root=str(tmp_path_factory.mktemp("spark-lake")),
         spark={"shuffle_partitions": 2, "master": "local[2]", "driver_memory": "2g"},
         # With jars given, the session gets the Delta extension so the delta-spark engine can run.
-        delta_engine="delta-spark" if os.environ.get("MEDALLION_DELTA_JARS") else "delta-rs",
+        delta_engine="delta-spark" if os.environ.get(DELTA_JARS_ENV) else "delta-rs",
     )
     session = build_spark(settings)
     yield session
@@ -35,3 +47,58 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
 def settings(tmp_path: Path) -> Settings:
     """Settings rooted at a fresh lake folder, no config file or env leaking in."""
     return load_settings(lake_root=str(tmp_path / "lake"))
+
+
+@pytest.fixture(scope="session")
+def delta_spark(spark: SparkSession) -> SparkSession:
+    """The session, once it is known to run Delta on Spark: the Delta jars are on its classpath.
+
+    Without them the tests that need it skip with how to provide them (and fail under
+    ``MEDALLION_TEST_REQUIRE_REAL=1``, as CI runs them).
+    """
+    if not has_delta_classes(spark):
+        require_or_skip(NO_DELTA_JARS)
+    return spark
+
+
+@pytest.fixture(scope="session")
+def delta_jars() -> str:
+    """``MEDALLION_DELTA_JARS`` for a subprocess that runs the delta-spark engine (skip as ``delta_spark``)."""
+    jars = [j.strip() for j in os.environ.get(DELTA_JARS_ENV, "").split(",") if j.strip()]
+    missing = [j for j in jars if not Path(j).is_file()]
+    if not jars or missing:
+        require_or_skip(NO_DELTA_JARS + (f" (these do not exist: {', '.join(missing)})" if missing else ""))
+    return ",".join(jars)
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest) -> str:
+    """The storage engine under test; a test using it runs once per engine.
+
+    The delta-spark run needs the Delta jars (see ``delta_spark``); subprocesses a test starts
+    inherit ``MEDALLION_DELTA_JARS`` from this environment.
+    """
+    name = str(request.param)
+    if name == "delta-spark":
+        request.getfixturevalue("delta_spark")
+    return name
+
+
+@pytest.fixture
+def engine_settings(engine: str) -> Callable[..., Settings]:
+    """``engine_settings(lake_root, **overrides)``: settings for a lake on the engine under test."""
+
+    def build(lake_root: Path | str, **overrides: object) -> Settings:
+        return load_settings(lake_root=str(lake_root), delta_engine=engine, **overrides)
+
+    return build
+
+
+@pytest.fixture
+def store_for(engine_settings: Callable[..., Settings], spark: SparkSession) -> Callable[[Path | str], TableStore]:
+    """``store_for(lake_root)``: the engine under test's store for a lake, as the pipeline opens it."""
+
+    def build(lake_root: Path | str) -> TableStore:
+        return open_store(engine_settings(lake_root), spark)
+
+    return build

@@ -7,7 +7,9 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pyarrow.compute as pc
 import pytest
@@ -33,13 +35,18 @@ TABLES = (
 
 
 def medallion(
-    lake: Path, *args: str, config: Path | None = None, registry: Path | None = None
+    lake: Path,
+    *args: str,
+    config: Path | None = None,
+    registry: Path | None = None,
+    settings_env: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEDALLION_")}
     if config is not None:
         env["MEDALLION_CONFIG"] = str(config)
     if registry is not None:
         env["MEDALLION_COUNTERS__REGISTRY"] = str(registry)
+    env.update(settings_env or {})
     return subprocess.run(
         [sys.executable, "-m", "pipelines.cli", "--lake-root", str(lake), *args],
         capture_output=True,
@@ -49,10 +56,14 @@ def medallion(
     )
 
 
+SMALL_DEMO = ("demo", "--events", "3000", "--page-changes", "1000", "--json")
+
+
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small demo run on the default engine, delta-rs."""
     lake = tmp_path_factory.mktemp("demo") / "lakehouse"
-    first = medallion(lake, "demo", "--events", "3000", "--page-changes", "1000", "--json")
+    first = medallion(lake, *SMALL_DEMO)
     assert first.returncode == 0, first.stderr
     (lake.parent / "first.json").write_text(first.stdout)
     return lake
@@ -162,11 +173,28 @@ def test_demo_counts_page_views_and_autocaptures_with_milestones(lake: Path) -> 
 
 def test_second_demo_run_changes_no_table(lake: Path) -> None:
     before = {key: table(lake, key).num_rows for key in TABLES if not key.startswith("_meta")}
-    second = medallion(lake, "demo", "--events", "3000", "--page-changes", "1000", "--json")
+    second = medallion(lake, *SMALL_DEMO)
     assert second.returncode == 0, second.stderr
     after = {key: table(lake, key).num_rows for key in TABLES if not key.startswith("_meta")}
     assert after == before
     assert json.loads(second.stdout) == json.loads((lake.parent / "first.json").read_text())
+
+
+def figures(summary_json: str, lake: Path) -> Any:
+    """The demo's summary with the lake's own paths (lake root, ClickHouse DSN, config files) masked."""
+    return json.loads(summary_json.replace(str(lake), "<lake>"))
+
+
+@pytest.mark.slow
+def test_demo_on_delta_spark_gives_the_same_figures_as_on_delta_rs(lake: Path, delta_jars: str, tmp_path: Path) -> None:
+    spark_lake = tmp_path / "lakehouse"
+    engine = {"MEDALLION_DELTA_ENGINE": "delta-spark", "MEDALLION_DELTA_JARS": delta_jars}
+    out = medallion(spark_lake, *SMALL_DEMO, settings_env=engine)
+    assert out.returncode == 0, out.stderr
+    assert figures(out.stdout, spark_lake) == figures((lake.parent / "first.json").read_text(), lake)
+    # Written by Delta on Spark indeed: its commits carry Spark's engineInfo, delta-rs's do not.
+    (last,) = DeltaTable(str(spark_lake / "gold/property_values")).history(1)
+    assert "Delta-Lake/" in last.get("engineInfo", ""), last
 
 
 def test_status_and_sql_read_the_lake(lake: Path) -> None:

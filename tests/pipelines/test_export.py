@@ -15,8 +15,7 @@ from pipelines.eventlog import PIPELINE_EVENTS
 from pipelines.runner import Context
 from pipelines.settings import load_settings
 from pipelines.sinks import clickhouse
-from pipelines.storage import TableSpec
-from pipelines.storage.deltars import DeltaRsStore
+from pipelines.storage import TableSpec, TableStore, open_store
 from pipelines.tables import GOLD_EXPORTED, GOLD_PARTIALS, GOLD_PROPERTY_VALUES
 
 pytestmark = pytest.mark.integration
@@ -38,9 +37,9 @@ def write(path: Path, events: list[dict[str, Any]]) -> Path:
     return path
 
 
-def make_ctx(spark: SparkSession, lake: Path, **gold: Any) -> Context:
-    settings = load_settings(lake_root=str(lake), gold={"window": "30s", "grace": "60s", **gold})
-    return Context(settings=settings, spark=spark, store=DeltaRsStore(spark, str(lake)), say=lambda _: None)
+def make_ctx(spark: SparkSession, lake: Path, engine: str = "delta-rs", **gold: Any) -> Context:
+    settings = load_settings(lake_root=str(lake), delta_engine=engine, gold={"window": "30s", "grace": "60s", **gold})
+    return Context(settings=settings, spark=spark, store=open_store(settings, spark), say=lambda _: None)
 
 
 def pipeline(ctx: Context, files: list[Path], drain: bool = True) -> None:
@@ -163,35 +162,41 @@ def is_spec(spec: TableSpec) -> Callable[..., bool]:
     return lambda self, s, *a, **k: s == spec
 
 
+Patch = Callable[[pytest.MonkeyPatch, type[TableStore]], None]
+
+
 @pytest.mark.parametrize(
     ("what", "patch"),
     [
-        ("between the outbox and the insert", lambda m: crash_on(m, clickhouse, "insert", lambda *a, **k: True, False)),
+        (
+            "between the outbox and the insert",
+            lambda m, _: crash_on(m, clickhouse, "insert", lambda *a, **k: True, False),
+        ),
         (
             "between the insert and its Delta record",
-            lambda m: crash_on(m, DeltaRsStore, "merge", is_spec(GOLD_EXPORTED), False),
+            lambda m, store: crash_on(m, store, "merge", is_spec(GOLD_EXPORTED), False),
         ),
-        ("after the Delta record", lambda m: crash_on(m, DeltaRsStore, "merge", is_spec(GOLD_EXPORTED), True)),
+        ("after the Delta record", lambda m, store: crash_on(m, store, "merge", is_spec(GOLD_EXPORTED), True)),
         (
             "in the merger before its commit",
-            lambda m: crash_on(m, DeltaRsStore, "merge", is_spec(GOLD_PROPERTY_VALUES), False),
+            lambda m, store: crash_on(m, store, "merge", is_spec(GOLD_PROPERTY_VALUES), False),
         ),
         (
             "in the merger after its commit",
-            lambda m: crash_on(m, DeltaRsStore, "merge", is_spec(GOLD_PROPERTY_VALUES), True),
+            lambda m, store: crash_on(m, store, "merge", is_spec(GOLD_PROPERTY_VALUES), True),
         ),
     ],
 )
 def test_a_crash_then_a_rerun_leaves_clickhouse_as_a_clean_run(
-    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str, patch: Callable[..., None]
+    spark: SparkSession, engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str, patch: Patch
 ) -> None:
     files = [write(tmp_path / f"pod-{p}.jsonl", STREAM[p::2]) for p in range(2)]
-    clean = make_ctx(spark, tmp_path / "clean")
+    clean = make_ctx(spark, tmp_path / "clean", engine)
     pipeline(clean, files)
     expected = clickhouse_state(clean)
 
-    ctx = make_ctx(spark, tmp_path / "crashy")
-    patch(monkeypatch)
+    ctx = make_ctx(spark, tmp_path / "crashy", engine)
+    patch(monkeypatch, type(ctx.store))
     with pytest.raises(Crash):
         pipeline(ctx, files)
     pipeline(ctx, files)  # the rerun: every step picks up where the crash left it

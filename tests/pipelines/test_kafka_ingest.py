@@ -21,7 +21,7 @@ from pipelines import jobs, synthetic
 from pipelines.fixtures import PAGE_CHANGE_FILES
 from pipelines.runner import Context
 from pipelines.settings import load_settings
-from pipelines.storage.deltars import DeltaRsStore
+from pipelines.storage import open_store
 from tests.infra import KafkaBroker, unique_name
 
 pytestmark = pytest.mark.integration
@@ -50,7 +50,7 @@ def settings_env(broker: KafkaBroker, lake: Path, events_topic: str, pages_topic
 
 
 def test_once_lands_valid_messages_once_and_quarantines_the_rest(
-    spark: SparkSession, kafka_broker: KafkaBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    spark: SparkSession, engine: str, kafka_broker: KafkaBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ev, pages, group = unique_name("events"), unique_name("pages"), unique_name("group")
     kafka_broker.create_topic(ev, 3)
@@ -62,8 +62,13 @@ def test_once_lands_valid_messages_once_and_quarantines_the_rest(
     lake = tmp_path / "lake"
     for k, v in settings_env(kafka_broker, lake, ev, pages, group).items():
         monkeypatch.setenv(k, v)
+    # In process, on either engine (delta-spark records one partition's app transaction per commit).
+    # The subprocess tests below run the default engine, delta-rs: a JVM start per delta-spark pod
+    # would make their kill timings and deadlines meaningless.
+    monkeypatch.setenv("MEDALLION_DELTA_ENGINE", engine)
     settings = load_settings()
-    ctx = Context(settings=settings, spark=spark, store=DeltaRsStore(spark, str(lake)))
+    assert settings.delta_engine == engine
+    ctx = Context(settings=settings, spark=spark, store=open_store(settings, spark))
 
     stats = jobs.ingest_kafka(ctx, once=True, max_batch=100, max_wait=0.5)
     assert (stats.messages, stats.landed, stats.quarantined) == (316, 313, 3)

@@ -9,19 +9,19 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from expectations.runner import ExpectationFailed
 from pipelines import jobs, quality
+from pipelines.errors import MedallionError
 from pipelines.eventlog import EXPECTATION_RESULTS, PIPELINE_EVENTS, RunRecord
+from pipelines.quality import ExpectationFailed
 from pipelines.runner import Context
 from pipelines.settings import load_settings
-from pipelines.storage import AppTxn
-from pipelines.storage.deltars import DeltaRsStore
+from pipelines.storage import AppTxn, open_store
 from pipelines.tables import BRONZE_EVENTS, BRONZE_QUARANTINE, SILVER_EVENTS
 
 
-def context(spark: SparkSession, tmp_path: Path, **policies: str) -> Context:
-    settings = load_settings(lake_root=str(tmp_path / "lake"), quality={"policies": policies})
-    return Context(settings=settings, spark=spark, store=DeltaRsStore(spark, settings.lake_root))
+def context(spark: SparkSession, tmp_path: Path, engine: str = "delta-rs", **policies: str) -> Context:
+    settings = load_settings(lake_root=str(tmp_path / "lake"), delta_engine=engine, quality={"policies": policies})
+    return Context(settings=settings, spark=spark, store=open_store(settings, spark))
 
 
 def events_file(path: Path) -> Path:
@@ -75,8 +75,9 @@ def test_warn_keeps_failing_rows_and_records_them(spark: SparkSession, tmp_path:
 
 def test_fail_writes_nothing_and_logs_the_failed_run(spark: SparkSession, tmp_path: Path) -> None:
     ctx = context(spark, tmp_path, **{"bronze/events": "fail"})
-    with pytest.raises(ExpectationFailed, match=r"team_id_positive .* failed: 1 of 3 rows"):
+    with pytest.raises(ExpectationFailed, match=r"team_id_positive .* failed: 1 of 3 rows") as failed:
         jobs.ingest_files(ctx, "events", [events_file(tmp_path / "e.jsonl")])
+    assert isinstance(failed.value, MedallionError)  # the CLI reports it as one line
     assert table_rows(ctx, BRONZE_EVENTS) == [] and table_rows(ctx, BRONZE_QUARANTINE) == []
     (run,) = ctx.store.read(PIPELINE_EVENTS).collect()
     assert run["status"] == "failed" and "team_id_positive" in run["error"]
@@ -87,8 +88,8 @@ def test_fail_writes_nothing_and_logs_the_failed_run(spark: SparkSession, tmp_pa
     assert len(table_rows(relaxed, BRONZE_EVENTS)) == 3
 
 
-def test_a_gate_quarantines_a_redone_batch_once(spark: SparkSession, tmp_path: Path) -> None:
-    ctx = context(spark, tmp_path, **{"silver/events:bucket_in_range": "drop"})
+def test_a_gate_quarantines_a_redone_batch_once(spark: SparkSession, engine: str, tmp_path: Path) -> None:
+    ctx = context(spark, tmp_path, engine, **{"silver/events:bucket_in_range": "drop"})
     ctx.store.ensure(BRONZE_QUARANTINE)
     batch = ctx.store.to_spark(ctx.store.to_arrow(SILVER_EVENTS, _silver_rows(spark, [0, 9, 3])))
     txn = AppTxn("medallion/silver.events<-bronze/events", 4)
@@ -111,7 +112,7 @@ def _silver_rows(spark: SparkSession, buckets: list[int]):  # type: ignore[no-un
 
 def test_disabled_quality_skips_validation(spark: SparkSession, tmp_path: Path) -> None:
     settings = load_settings(lake_root=str(tmp_path / "lake"), quality={"enabled": False})
-    ctx = Context(settings=settings, spark=spark, store=DeltaRsStore(spark, settings.lake_root))
+    ctx = Context(settings=settings, spark=spark, store=open_store(settings, spark))
     record = jobs.ingest_files(ctx, "events", [events_file(tmp_path / "e.jsonl")])
     assert len(table_rows(ctx, BRONZE_EVENTS)) == 3 and not ctx.store.exists(EXPECTATION_RESULTS)
     assert not any(k.startswith("quality.") for k in record.metrics)
@@ -123,5 +124,8 @@ def test_bad_policy_settings_name_the_setting(spark: SparkSession, tmp_path: Pat
     ctx = context(spark, tmp_path, **{"gold/nope": "warn"})
     with pytest.raises(SettingsError, match="no suite for gold/nope"):
         quality.check_policies(ctx)
+    unknown = context(spark, tmp_path, **{"bronze/events:nope": "warn"})
+    with pytest.raises(SettingsError, match=r"MEDALLION_QUALITY__POLICIES\['bronze/events:nope'\]: .* no expectation"):
+        quality.check_policies(unknown)
     with pytest.raises(SettingsError):
         load_settings(lake_root=str(tmp_path), quality={"policies": {"bronze/events": "ignore"}})

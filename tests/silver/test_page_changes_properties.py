@@ -17,7 +17,7 @@ from pyspark.sql import SparkSession
 from pipelines import jobs
 from pipelines.runner import Context
 from pipelines.settings import load_settings
-from pipelines.storage.deltars import DeltaRsStore
+from pipelines.storage import open_store
 from pipelines.tables import BRONZE_PAGE_CHANGES, SILVER_PAGE_CHANGES
 from silver.page_changes import LAST_EMITTED_SCHEMA, dedup_run
 
@@ -151,21 +151,23 @@ def bronze_rows(events: list[Event], offset: int) -> pa.Table:
 
 
 def run_incrementally(
-    spark: SparkSession, lake: Path, chunks: list[list[Event]], mode: str, lateness: int
+    spark: SparkSession, lake: Path, chunks: list[list[Event]], mode: str, lateness: int, engine: str = "delta-rs"
 ) -> list[tuple]:
     settings_ = load_settings(
-        lake_root=str(lake), page_changes={"mode": mode, "window": f"{W}s", "allowed_lateness": f"{lateness}s"}
+        lake_root=str(lake),
+        delta_engine=engine,
+        page_changes={"mode": mode, "window": f"{W}s", "allowed_lateness": f"{lateness}s"},
     )
     offset = 0
     for chunk in chunks:
         # A fresh store and context per run: every run starts from what Delta holds, like a restart.
-        ctx = Context(settings=settings_, spark=spark, store=DeltaRsStore(spark, str(lake)), say=lambda _: None)
+        ctx = Context(settings=settings_, spark=spark, store=open_store(settings_, spark), say=lambda _: None)
         ctx.store.ensure(BRONZE_PAGE_CHANGES)
         if chunk:
             ctx.store.append(BRONZE_PAGE_CHANGES, bronze_rows(chunk, offset))
             offset += len(chunk)
         jobs.silver_page_changes(ctx)
-    ctx = Context(settings=settings_, spark=spark, store=DeltaRsStore(spark, str(lake)), say=lambda _: None)
+    ctx = Context(settings=settings_, spark=spark, store=open_store(settings_, spark), say=lambda _: None)
     jobs.silver_page_changes(ctx, drain=True)
     return as_tuples(ctx.store.read(SILVER_PAGE_CHANGES).collect())
 
@@ -195,10 +197,10 @@ def arrivals(draw: st.DrawFn) -> tuple[list[Event], list[list[Event]], int]:
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(stream=arrivals())
 def test_many_incremental_runs_with_restarts_equal_one_run(
-    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory, mode: str, stream: tuple
+    spark: SparkSession, engine: str, tmp_path_factory: pytest.TempPathFactory, mode: str, stream: tuple
 ) -> None:
     ordered, chunks, lateness = stream
-    one = run_incrementally(spark, tmp_path_factory.mktemp("one"), [ordered], mode, lateness)
-    many = run_incrementally(spark, tmp_path_factory.mktemp("many"), chunks, mode, lateness)
+    one = run_incrementally(spark, tmp_path_factory.mktemp("one"), [ordered], mode, lateness, engine)
+    many = run_incrementally(spark, tmp_path_factory.mktemp("many"), chunks, mode, lateness, engine)
     assert many == one
     assert one == reference(ordered, mode)[0]
