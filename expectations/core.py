@@ -16,8 +16,14 @@ from typing import Any, Literal, get_args
 import great_expectations.expectations as gxe
 from great_expectations.expectations.expectation import Expectation
 
+from silver.config import ConfigError
+
 Policy = Literal["warn", "drop", "fail"]
 POLICIES: tuple[str, ...] = get_args(Policy)
+
+
+class PolicyError(ConfigError):
+    """Policy settings that cannot apply to a suite; ``problems`` holds one line per setting."""
 
 
 @dataclass(frozen=True)
@@ -57,9 +63,7 @@ class Suite:
         """This suite with policies from settings: ``table`` sets every check, ``table:check`` one."""
         problems = policy_problems(self, policies)
         if problems:
-            from pipelines.errors import SettingsError
-
-            raise SettingsError(problems)
+            raise PolicyError(problems)
         checks = []
         for check in self.checks:
             policy = policies.get(f"{self.table}:{check.name}")
@@ -72,7 +76,7 @@ class Suite:
 
 
 def policy_problems(suite: Suite, policies: Mapping[str, str]) -> list[str]:
-    """Lines naming each policy setting for ``suite`` that cannot apply, for a SettingsError."""
+    """Lines naming each policy setting for ``suite`` that cannot apply, for a PolicyError."""
     problems = []
     by_name = {c.name: c for c in suite.checks}
     for key, policy in policies.items():

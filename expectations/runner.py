@@ -22,7 +22,6 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from expectations.core import Check, Suite
-from pipelines.errors import MedallionError
 
 RESULT_FORMAT = {"result_format": "BASIC", "partial_unexpected_count": 0}
 DROPPED_BY = "_expectation"
@@ -69,15 +68,6 @@ class Validation:
         if not bad:
             return f"{self.suite.table}: {len(self.results)} expectations passed"
         return f"{self.suite.table}: " + "; ".join(describe(r) for r in bad)
-
-
-class ExpectationFailed(MedallionError):
-    """A ``fail`` expectation did not hold: the run stops before it writes."""
-
-    def __init__(self, validation: Validation) -> None:
-        self.validation = validation
-        lines = [describe(r) for r in validation.failed]
-        super().__init__(f"{validation.suite.table}: expectation failed, nothing written: " + "; ".join(lines))
 
 
 def describe(r: Result) -> str:

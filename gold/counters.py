@@ -22,10 +22,13 @@ write is finished by the next run, and no version is read twice.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pyspark.sql import Column, DataFrame, Window
@@ -38,8 +41,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from pipelines.errors import SettingsError
-from pipelines.settings import Duration, named, unique_names
+from silver.config import ConfigError, Duration, named, unique_names
 
 COUNTER_PARTIALS_SCHEMA = StructType(
     [
@@ -62,6 +64,7 @@ COUNTERS_SCHEMA = StructType(
         StructField("updated_at", TimestampType()),
     ]
 )
+COUNTERS_COLUMNS = [f.name for f in COUNTERS_SCHEMA.fields]
 MILESTONES_SCHEMA = StructType(
     [
         StructField("counter", StringType()),
@@ -74,6 +77,10 @@ MILESTONES_SCHEMA = StructType(
 )
 
 Scalar = str | int | float | bool
+
+
+class RegistryError(ConfigError):
+    """A counter registry cannot be used; ``problems`` holds one line per problem."""
 
 
 class _Model(BaseModel):
@@ -136,22 +143,22 @@ class Registry(_Model):
         return self
 
     def get(self, name: str) -> Counter:
-        return named(self.counters, name, "no counter named {name!r} in the registry ({known})")
+        return named(self.counters, name, "no counter named {name!r} in the registry ({known})", RegistryError)
 
 
 def load_registry(path: Path) -> Registry:
-    """Read and validate a registry file; every problem becomes one line of a SettingsError."""
+    """Read and validate a registry file; every problem becomes one line of a RegistryError."""
     where = f"counter registry {path}"
     try:
         data: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise SettingsError([f"{where}: file not found (MEDALLION_COUNTERS__REGISTRY)"]) from None
+        raise RegistryError([f"{where}: file not found (MEDALLION_COUNTERS__REGISTRY)"]) from None
     except yaml.YAMLError as exc:
-        raise SettingsError([f"{where}: not valid YAML: {exc}"]) from None
+        raise RegistryError([f"{where}: not valid YAML: {exc}"]) from None
     if isinstance(data, list):
         data = {"counters": data}
     if not isinstance(data, dict):
-        raise SettingsError([f"{where}: expected a mapping with a `counters` list"])
+        raise RegistryError([f"{where}: expected a mapping with a `counters` list"])
     try:
         return Registry.model_validate(data)
     except ValidationError as exc:
@@ -162,7 +169,7 @@ def load_registry(path: Path) -> Registry:
                 loc += f"[{p}]" if isinstance(p, int) else ("." if loc else "") + str(p)
             msg = e["msg"].removeprefix("Value error, ")
             problems.append(f"{where}: {loc or 'counters'}: {msg}")
-        raise SettingsError(problems) from None
+        raise RegistryError(problems) from None
 
 
 # -- stage 1: increments --------------------------------------------------------------------------
@@ -247,6 +254,7 @@ def flush_source(
 FLUSH_ON = "t.counter = s.counter AND t.entity = s.entity"
 FLUSH_WHEN = "t.flushed_seq = s.expected_seq"
 FLUSH_UPDATE = {c: f"s.{c}" for c in ("total", "flushed_seq", "flushed_at", "flushes", "updated_at")}
+FLUSH_INSERT = {c: f"s.{c}" for c in COUNTERS_COLUMNS}
 
 
 # -- milestones -----------------------------------------------------------------------------------
@@ -286,3 +294,37 @@ def crossings(changes: DataFrame, registry: Registry) -> DataFrame:
             "counters_version",
         )
     )
+
+
+# -- export ---------------------------------------------------------------------------------------
+def exported_changes(changes: DataFrame) -> DataFrame:
+    """CDF rows of gold/counters -> the rows to send: each change's new total, with its counters
+    ``version``, in version order."""
+    return (
+        changes.where(F.col("_change_type").isin("insert", "update_postimage"))
+        .select(
+            "counter",
+            "entity",
+            "total",
+            F.col("_commit_version").alias("version"),
+            "updated_at",
+        )
+        .orderBy("version", "counter", "entity")
+    )
+
+
+def by_version(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.Table]:
+    """Arrow batches of :func:`exported_changes` -> one table per counters version, in order.
+
+    One version is one insert with its own token; only the rows of the version at hand are held."""
+    held: list[pa.Table] = []
+    for batch in batches:
+        table = pa.Table.from_batches([batch])
+        for version in pc.unique(table["version"]).to_pylist():
+            part = table.filter(pc.equal(table["version"], version))
+            if held and held[0]["version"][0].as_py() != version:
+                yield pa.concat_tables(held)
+                held = []
+            held.append(part)
+    if held:
+        yield pa.concat_tables(held)

@@ -12,9 +12,11 @@ are held back (counted as gated) until their count reaches it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, LongType, StructField, StructType, TimestampType
@@ -115,3 +117,119 @@ def export_batch(
         return gold.where(window_closed(width, None, closed_before)).transform(differences(exported, min_count))
 
     return transform
+
+
+# -- incremental exports ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ExportProgress:
+    """Where an export batch left the export (the progress columns of OUTBOX_SCHEMA)."""
+
+    gold_version: int
+    newest_event: datetime
+    closed_through: datetime
+
+
+def progress_of(batch: DataFrame) -> ExportProgress | None:
+    """The rows of one outbox batch -> where it left the export (None for a batch written before
+    the outbox kept it): every row carries it, so one row is read."""
+    row = batch.select("gold_version", "newest_event", "closed_through").limit(1).collect()
+    if not row or row[0]["gold_version"] is None:
+        return None
+    return ExportProgress(int(row[0]["gold_version"]), row[0]["newest_event"], row[0]["closed_through"])
+
+
+def newest_event(rows: DataFrame, before: datetime | None) -> datetime | None:
+    """The newest event time counted: ``before`` or the newest in ``rows``, whichever is later."""
+    found = rows.agg(F.max("max_event_time")).first()
+    newest = found[0] if found else None
+    return max((t for t in (before, newest) if t is not None), default=None)
+
+
+@dataclass(frozen=True)
+class ExportBounds:
+    """Which windows a batch sends, and what it records for the next."""
+
+    closed_before: datetime | None  # windows ending by this are closed (None: every window, a drain)
+    through: datetime  # the end through which windows count as closed after this batch
+
+
+def export_bounds(
+    newest: datetime, width: timedelta, grace: timedelta, drain: bool, prev: ExportProgress | None
+) -> ExportBounds:
+    """The watermark (``newest`` minus ``grace``) closes windows; a drain closes every one, through
+    the window of the newest event. The recorded end never moves back."""
+    closed_before = None if drain else newest - grace
+    through = newest + width if drain else newest - grace
+    if prev is not None:
+        through = max(through, prev.closed_through)
+    return ExportBounds(closed_before, through)
+
+
+def incremental_batch(
+    late: DataFrame,
+    exported: DataFrame,
+    width: timedelta,
+    after: datetime | None,
+    closed_before: datetime | None,
+    min_count: int,
+) -> Callable[[DataFrame], DataFrame]:
+    """All of gold -> rows to send after an earlier batch: windows closed since (ending after
+    ``after``) and the ``late`` rows (:func:`latest_changes`) of windows closed before, each against
+    ``exported`` (what was exported of those windows)."""
+
+    def transform(gold: DataFrame) -> DataFrame:
+        fresh = gold.where(window_closed(width, after, closed_before))
+        candidates = fresh.select(*EXPORT_KEY, "count").unionByName(late.select(*EXPORT_KEY, "count"))
+        return candidates.transform(differences(exported, min_count))
+
+    return transform
+
+
+def outbox_rows(
+    seq: int, gold_version: int | None, newest: datetime, through: datetime
+) -> Callable[[DataFrame], DataFrame]:
+    """Rows to send -> outbox batch ``seq`` (OUTBOX_SCHEMA), each row carrying where the batch leaves the export."""
+
+    def transform(rows: DataFrame) -> DataFrame:
+        return rows.select(
+            F.lit(seq).cast("long").alias("export_seq"),
+            "*",
+            F.lit(gold_version).cast("long").alias("gold_version"),
+            F.lit(newest).alias("newest_event"),
+            F.lit(through).alias("closed_through"),
+        )
+
+    return transform
+
+
+def in_send_order(outbox: DataFrame) -> DataFrame:
+    """An outbox batch -> EXPORT_COLUMNS in a fixed order, so a resend chunks the same rows alike."""
+    return outbox.select(*EXPORT_COLUMNS).orderBy(*EXPORT_COLUMNS[:-1])
+
+
+def exported_rows(outbox: DataFrame) -> DataFrame:
+    """An outbox batch -> its rows of the exported state (EXPORTED_SCHEMA), the MERGE source."""
+    return outbox.select(*EXPORT_COLUMNS[:-1], F.col("total").alias("exported_count"), "export_seq")
+
+
+EXPORTED_ON = " AND ".join(f"t.{c} = s.{c}" for c in EXPORT_COLUMNS[:-1])
+EXPORTED_UPDATE = {"exported_count": "s.exported_count", "export_seq": "s.export_seq"}
+
+
+def rechunk(batches: Iterable[pa.RecordBatch], rows: int) -> Iterator[pa.Table]:
+    """Arrow batches -> tables of exactly ``rows`` rows (the last one fewer), in order.
+
+    Chunks are cut by position, not by how the batches arrived, so a resend of the same ordered rows
+    gives the same chunks (and the same insert tokens)."""
+    pending: list[pa.RecordBatch] = []
+    size = 0
+    for batch in batches:
+        while batch.num_rows:
+            take = min(rows - size, batch.num_rows)
+            pending.append(batch.slice(0, take))
+            batch, size = batch.slice(take), size + take
+            if size == rows:
+                yield pa.Table.from_batches(pending)
+                pending, size = [], 0
+    if size:
+        yield pa.Table.from_batches(pending)

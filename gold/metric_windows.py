@@ -13,6 +13,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from functools import reduce
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from pipelines.settings import AggregationSettings
+from silver.config import AggregationSettings
 from silver.metric_panes import micros, plus
 
 ACCUMULATOR_COLUMNS = [
@@ -197,6 +198,16 @@ def _as_rows(df: DataFrame, kind: str, closed_through: datetime | None) -> DataF
             for c in METRIC_WINDOW_COLUMNS
         )
     )
+
+
+def closes_through(closed: datetime | None, watermark: datetime) -> datetime:
+    """Where a run closes windows through: its panes' watermark, never before what is closed already."""
+    return watermark if closed is None else max(closed, watermark)
+
+
+def window_rows(parts: Sequence[DataFrame]) -> DataFrame:
+    """Each aggregation's window, late and raw rows -> one frame of METRIC_WINDOW_COLUMNS."""
+    return finish(reduce(DataFrame.unionByName, parts))
 
 
 def panes_after(closed: datetime, agg: AggregationSettings) -> Column:

@@ -7,7 +7,7 @@ from typing import Any
 from pyspark.sql import functions as F
 
 from pipelines.errors import SettingsError
-from pipelines.jobs import counter_registry
+from pipelines.layer_config import counter, counter_registry
 from pipelines.runner import Context
 from pipelines.tables import GOLD_COUNTER_MILESTONES, GOLD_COUNTER_PARTIALS, GOLD_COUNTERS
 
@@ -17,7 +17,7 @@ def show(ctx: Context, name: str, top: int = 10) -> dict[str, Any]:
     registry = counter_registry(ctx)
     if registry is None:
         raise SettingsError(["no counter registry configured: set MEDALLION_COUNTERS__REGISTRY to a YAML file"])
-    counter = registry.get(name)
+    found = counter(registry, name)
     for spec in (GOLD_COUNTERS, GOLD_COUNTER_MILESTONES, GOLD_COUNTER_PARTIALS):
         ctx.store.ensure(spec)
     where = f"counter = '{name}'"
@@ -39,7 +39,7 @@ def show(ctx: Context, name: str, top: int = 10) -> dict[str, Any]:
     joined = best.join(pending, "entity", "left").join(marks, "entity", "left").orderBy(F.col("total").desc(), "entity")
     tiers = ", ".join(
         (f"< {t.below:,}: " if t.below else "above: ") + (f"every {t.interval}" if t.interval else "every run")
-        for t in counter.tiers
+        for t in found.tiers
     )
     return {
         "counter": name,

@@ -18,11 +18,11 @@ import yaml
 from pipelines import jobs
 from pipelines.metrics import dropped_late, query
 from pipelines.runner import Context
-from pipelines.settings import AggregationSettings
 from pipelines.sources.remote_write import Series
 from pipelines.sources.remote_write_server import samples_table
 from pipelines.storage import AppTxn
 from pipelines.tables import BRONZE_SAMPLES, GOLD_METRIC_WINDOWS, SILVER_METRIC_PANES
+from silver.config import AggregationSettings
 
 START = datetime(2024, 6, 1, tzinfo=UTC)
 HOSTS = ("web-1", "web-2", "web-3", "db-1")

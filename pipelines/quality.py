@@ -21,7 +21,9 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from bronze.landing import LANDING_COLUMNS, QUARANTINE_SCHEMA, RAW
+from pipelines.errors import MedallionError, SettingsError
 from pipelines.eventlog import RunRecord
+from pipelines.layer_config import fanout_rules
 from pipelines.runner import Context, append_once
 from pipelines.storage import AppTxn
 from pipelines.tables import BRONZE_QUARANTINE
@@ -31,6 +33,17 @@ log = logging.getLogger("medallion")
 if TYPE_CHECKING:
     from expectations.core import Suite
     from expectations.runner import Validation
+
+
+class ExpectationFailed(MedallionError):
+    """A ``fail`` expectation did not hold: the run stops before it writes."""
+
+    def __init__(self, validation: Validation) -> None:
+        from expectations.runner import describe
+
+        self.validation = validation
+        lines = [describe(r) for r in validation.failed]
+        super().__init__(f"{validation.suite.table}: expectation failed, nothing written: " + "; ".join(lines))
 
 
 def enabled(ctx: Context) -> bool:
@@ -53,17 +66,20 @@ def preload() -> None:
 
 def suite_for(ctx: Context, table: str, **params: Any) -> Suite:
     """The suite of ``table`` with the policies from settings (bad policy settings raise)."""
+    from expectations.core import PolicyError
     from expectations.suites import SUITES
 
     if table == "silver/events":
         params.setdefault("bucket_count", ctx.settings.buckets.count)
-    return SUITES[table](**params).with_policies(ctx.settings.quality.policies)
+    try:
+        return SUITES[table](**params).with_policies(ctx.settings.quality.policies)
+    except PolicyError as exc:
+        raise SettingsError(exc.problems) from None
 
 
 def check_policies(ctx: Context) -> None:
     """Raise a SettingsError for a policy naming an unknown table or expectation."""
     from expectations.suites import SUITES
-    from pipelines.errors import SettingsError
 
     known = set(SUITES)
     unknown = sorted({k.partition(":")[0] for k in ctx.settings.quality.policies} - known)
@@ -92,7 +108,7 @@ def run_suite(
     ctx: Context, record: RunRecord, suite: Suite, df: DataFrame, figures: DataFrame | None = None
 ) -> Validation:
     """Validate ``df`` (already persisted) with ``suite``; record results; raise on a ``fail``."""
-    from expectations.runner import ExpectationFailed, validate
+    from expectations.runner import validate
 
     validation = validate(df, suite, figures)
     record_results(record, validation)
@@ -210,7 +226,6 @@ def _gold_frames(ctx: Context, gold: DataFrame) -> Frames:
     progress; the fan-out comparison is then skipped (and said so).
     """
     from gold.property_values import fan_out
-    from pipelines.jobs import fanout_rules
     from pipelines.runner import app_id
     from pipelines.tables import GOLD_PARTIALS, GOLD_PROPERTY_VALUES, SILVER_EVENTS
 

@@ -7,7 +7,7 @@ a team.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,6 +118,15 @@ def assign_buckets(mapping: BucketMapping, team_col: str = "team_id") -> Callabl
 
     def transform(df: DataFrame) -> DataFrame:
         return df.withColumn(BUCKET, bucket_of(F.col(team_col), mapping))
+
+    return transform
+
+
+def in_buckets(buckets: Sequence[int] | None) -> Callable[[DataFrame], DataFrame]:
+    """Keeps the rows of ``buckets`` (every row when None or empty)."""
+
+    def transform(df: DataFrame) -> DataFrame:
+        return df if not buckets else df.where(F.col(BUCKET).isin(*buckets))
 
     return transform
 

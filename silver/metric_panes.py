@@ -29,8 +29,11 @@ Samples repeated with the same series and timestamp (a resent request) count onc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import reduce
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -46,7 +49,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from pipelines.settings import AggregationSettings
+from silver.config import AggregationSettings
 from silver.selectors import parse_selector
 
 CMS_SEED = 42
@@ -80,6 +83,8 @@ SAMPLE_FIELDS = [
     StructField("item", StringType()),  # the aggregated_labels values the keyed sketches count
 ]
 SAMPLE_COLUMNS = ["aggregation", "key", "labels", "pane_start", *(f.name for f in SAMPLE_FIELDS)]
+#: The bronze/samples columns a run reads.
+INPUT_COLUMNS = ["metric_name", "labels", "series_id", "timestamp", "value"]
 
 # The job's state, one table: kind = sample (waiting for its pane to be final), last (a series'
 # newest sample in a final pane, for increase), progress (per aggregation: largest sample time;
@@ -272,3 +277,81 @@ def pane_run(
         forwarded = late.dropDuplicates(["aggregation", "series_id", "timestamp"])
         panes = panes.unionByName(summarise(forwarded, agg, True, watermark, run))
     return PaneRun(panes, keep, lasts, late)
+
+
+# -- state between runs ---------------------------------------------------------------------------
+PROGRESS_ROWS_SCHEMA = "kind string, aggregation string, max_seen timestamp, dropped long, bronze_version long"
+
+
+def state_progress(state: DataFrame) -> DataFrame:
+    """State rows -> the progress rows: one per aggregation, and one without aggregation for bronze."""
+    return state.where(F.col("kind") == "progress")
+
+
+def state_samples(state: DataFrame) -> DataFrame:
+    """State rows -> the samples waiting for their pane to be final (SAMPLE_COLUMNS)."""
+    return state.where(F.col("kind") == "sample").select(*SAMPLE_COLUMNS)
+
+
+def state_lasts(state: DataFrame) -> DataFrame:
+    """State rows -> each series' newest sample in a final pane (for increase)."""
+    return state.where(F.col("kind") == "last").select("aggregation", "series_id", "timestamp", "value")
+
+
+@dataclass(frozen=True)
+class PaneClock:
+    """An aggregation's event-time clock in one run."""
+
+    max_seen: datetime | None  # the largest sample time seen, this run's samples included
+    previous: datetime | None  # the watermark the last run left: a sample of a pane ending by it is late
+    watermark: datetime | None  # max_seen - allowed_lateness
+    closes: datetime | None  # panes ending by this are final: the watermark, or a window past max_seen on a drain
+    recorded: datetime | None  # the max_seen the state keeps
+
+
+def pane_clock(
+    agg: AggregationSettings, prev_seen: datetime | None, batch_max: datetime | None, drain: bool
+) -> PaneClock:
+    """The clock of ``agg`` after a run whose samples end at ``batch_max``, from the ``prev_seen`` it kept."""
+    max_seen = max((t for t in (prev_seen, batch_max) if t is not None), default=None)
+    lateness = agg.allowed_lateness
+    watermark = None if max_seen is None else max_seen - lateness
+    if max_seen is None:
+        closes = recorded = None
+    elif drain:
+        # Draining made every pane final and closed every window holding one: from now on a sample
+        # for them is late, so the recorded clock moves to where that holds.
+        closes, recorded = max_seen + agg.window, max_seen + agg.window + lateness
+    else:
+        closes, recorded = watermark, max_seen
+    previous = None if prev_seen is None else prev_seen - lateness
+    return PaneClock(max_seen, previous, watermark, closes, recorded)
+
+
+def progress_row(agg: AggregationSettings, clock: PaneClock, dropped_before: int | None, late: int) -> dict[str, Any]:
+    """The progress row of ``agg`` after a run: its clock and the samples dropped as late so far."""
+    dropped = (dropped_before or 0) + (late if agg.late == "drop" else 0)
+    return {"kind": "progress", "aggregation": agg.name, "max_seen": clock.recorded, "dropped": dropped}
+
+
+def carried_state(buffered: Sequence[DataFrame], lasts: Sequence[DataFrame]) -> DataFrame:
+    """What a run carries to the next, from each aggregation's step: samples of panes not final yet
+    (``sample``) and each series' newest counted sample (``last``)."""
+    samples = reduce(DataFrame.unionByName, buffered).withColumn("kind", F.lit("sample"))
+    last_rows = reduce(DataFrame.unionByName, lasts).withColumn("kind", F.lit("last"))
+    return samples.unionByName(last_rows, allowMissingColumns=True)
+
+
+def next_state(
+    carried: DataFrame, panes: Sequence[DataFrame], progress: Sequence[dict[str, Any]], bronze_version: int | None
+) -> DataFrame:
+    """The state a run leaves (METRIC_STATE_SCHEMA columns): what it carries, its pane rows as the
+    outbox (``pane``), the aggregations' progress rows and the bronze version done.
+
+    Replaced in one commit, so the buffer, the clocks and the outbox of a run are never out of step.
+    """
+    rows = [*progress, {"kind": "progress", "aggregation": None, "bronze_version": bronze_version}]
+    outbox = reduce(DataFrame.unionByName, panes).withColumn("kind", F.lit("pane"))
+    return carried.unionByName(outbox, allowMissingColumns=True).unionByName(
+        carried.sparkSession.createDataFrame(rows, PROGRESS_ROWS_SCHEMA), allowMissingColumns=True
+    )

@@ -57,7 +57,7 @@ SILVER_PAGE_CHANGES_SCHEMA = StructType(
 SILVER_PAGE_CHANGES_COLUMNS = [f.name for f in SILVER_PAGE_CHANGES_SCHEMA.fields]
 
 STATE_KIND = "kind"  # event (buffered, window still open) | key (last emitted) | emit (outbox) | progress
-#: The dedup state: one table so a run replaces it in one commit (see pipelines.jobs).
+#: The dedup state: one table so a run replaces it in one commit (see :func:`next_state`).
 PAGE_CHANGE_STATE_SCHEMA = StructType(
     [
         StructField(STATE_KIND, StringType()),
@@ -280,3 +280,58 @@ def dedup_page_changes(mode: str, width: timedelta) -> Callable[[DataFrame], Dat
         return dedup_run(df, empty, mode, width, None).emitted
 
     return transform
+
+
+# -- state between runs ---------------------------------------------------------------------------
+def state_progress(state: DataFrame) -> DataFrame:
+    """State rows -> the progress row (none before the first run): bronze version done, newest event time."""
+    return state.where(F.col(STATE_KIND) == "progress").select("bronze_version", "max_event_time")
+
+
+def state_events(state: DataFrame) -> DataFrame:
+    """State rows -> the buffered events of windows still open (EVENT_COLUMNS)."""
+    return state.where(F.col(STATE_KIND) == "event").select(*EVENT_COLUMNS)
+
+
+def state_last_emitted(state: DataFrame) -> DataFrame:
+    """State rows -> the last emitted position per key (LAST_EMITTED_SCHEMA)."""
+    return state.where(F.col(STATE_KIND) == "key").select(
+        *KEY, F.col("rev_id").alias(LAST_REV), F.col("event_time").alias(LAST_TIME)
+    )
+
+
+def event_clock(
+    max_seen: datetime | None, batch_max: datetime | None, lateness: timedelta, drain: bool
+) -> tuple[datetime | None, datetime | None]:
+    """(newest event time seen, this batch included; the watermark windows must end by to close).
+
+    The watermark trails the newest event by ``lateness``; a drain closes every window (None).
+    """
+    newest = max((t for t in (max_seen, batch_max) if t is not None), default=None)
+    return newest, None if drain or newest is None else newest - lateness
+
+
+def next_state(
+    open_events: DataFrame,
+    last_emitted: DataFrame,
+    emitted: DataFrame,
+    max_seen: datetime | None,
+    bronze_version: int | None,
+) -> DataFrame:
+    """The state a run leaves (PAGE_CHANGE_STATE_SCHEMA columns): events of open windows, the last
+    emitted position per key, the run's emitted rows as its outbox (``emit``) and the progress row.
+
+    Replaced in one commit, so the buffer, the keys and the outbox of a run are never out of step.
+    """
+    progress = emitted.sparkSession.createDataFrame(
+        [("progress", max_seen, bronze_version)], "kind string, max_event_time timestamp, bronze_version long"
+    )
+    keys = last_emitted.select(
+        F.lit("key").alias(STATE_KIND), *KEY, F.col(LAST_REV).alias("rev_id"), F.col(LAST_TIME).alias("event_time")
+    )
+    return (
+        open_events.withColumn(STATE_KIND, F.lit("event"))
+        .unionByName(keys, allowMissingColumns=True)
+        .unionByName(emitted.withColumn(STATE_KIND, F.lit("emit")), allowMissingColumns=True)
+        .unionByName(progress, allowMissingColumns=True)
+    )

@@ -9,12 +9,15 @@ from collections import Counter as Tally
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
-from gold.counters import load_registry
+from gold.counters import RegistryError, by_version, load_registry
 from pipelines import jobs
 from pipelines.errors import SettingsError
+from pipelines.jobs import counters as counter_jobs
+from pipelines.layer_config import counter, load_counter_registry
 from pipelines.runner import Context
 from pipelines.settings import load_settings
 from pipelines.sinks import clickhouse
@@ -41,11 +44,14 @@ counters:
 """
 
 
-def make_ctx(spark: SparkSession, tmp_path: Path, registry: str = REGISTRY) -> Context:
+def make_ctx(spark: SparkSession, tmp_path: Path, registry: str = REGISTRY, engine: str = "delta-rs") -> Context:
     path = tmp_path / "counters.yaml"
     path.write_text(registry)
     settings = load_settings(
-        lake_root=str(tmp_path / "lake"), counters={"registry": str(path)}, quality={"enabled": False}
+        lake_root=str(tmp_path / "lake"),
+        delta_engine=engine,
+        counters={"registry": str(path)},
+        quality={"enabled": False},
     )
     return Context(settings=settings, spark=spark, store=open_store(settings, spark), say=lambda _: None)
 
@@ -147,11 +153,11 @@ def test_totals_equal_brute_force_across_pods_and_runs(spark: SparkSession, tmp_
 
 
 def test_each_threshold_once_with_crashes_between_merge_and_milestones(
-    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    spark: SparkSession, engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ctx = make_ctx(spark, tmp_path)
+    ctx = make_ctx(spark, tmp_path, engine=engine)
     everything: list[dict[str, Any]] = []
-    real = jobs.crossings
+    real = counter_jobs.crossings
     for run in range(3):
         batch = stream(seed=10 + run, n=250, minutes=5, start_minute=run * 5)
         everything += batch
@@ -162,10 +168,10 @@ def test_each_threshold_once_with_crashes_between_merge_and_milestones(
         def crash(*_: Any) -> Any:
             raise RuntimeError("killed between the MERGE and the milestone write")
 
-        monkeypatch.setattr(jobs, "crossings", crash)
+        monkeypatch.setattr(counter_jobs, "crossings", crash)
         with pytest.raises(RuntimeError, match="killed"):
             jobs.counter_milestones(ctx)  # ... and the milestone step dies
-        monkeypatch.setattr(jobs, "crossings", real)
+        monkeypatch.setattr(counter_jobs, "crossings", real)
         if run % 2:
             jobs.counter_milestones(ctx)  # recovered at once on odd runs, one run later otherwise
     jobs.counter_milestones(ctx)
@@ -206,9 +212,9 @@ def test_hot_entities_are_flushed_less_often_than_cold_ones(spark: SparkSession,
 
 
 def test_a_crashed_export_is_resent_and_clickhouse_drops_the_repeat(
-    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    spark: SparkSession, engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ctx = make_ctx(spark, tmp_path)
+    ctx = make_ctx(spark, tmp_path, engine=engine)
     land(ctx, tmp_path, stream(seed=5, n=200, minutes=3), "a")
     jobs.gold_counter_partials(ctx)
     jobs.gold_counters(ctx, drain=True)
@@ -258,12 +264,37 @@ def test_a_crashed_export_is_resent_and_clickhouse_drops_the_repeat(
 def test_registry_errors_are_clear(tmp_path: Path, registry: str, message: str) -> None:
     path = tmp_path / "counters.yaml"
     path.write_text(registry)
-    with pytest.raises(SettingsError) as err:
+    with pytest.raises(RegistryError) as problem:
         load_registry(path)
+    with pytest.raises(SettingsError) as err:
+        load_counter_registry(path)
     text = str(err.value)
     assert message in text and str(path) in text, text
+    assert err.value.problems == problem.value.problems
 
 
 def test_a_missing_registry_file_names_the_setting(tmp_path: Path) -> None:
-    with pytest.raises(SettingsError, match="file not found \\(MEDALLION_COUNTERS__REGISTRY\\)"):
+    with pytest.raises(RegistryError, match="file not found \\(MEDALLION_COUNTERS__REGISTRY\\)"):
         load_registry(tmp_path / "nope.yaml")
+    with pytest.raises(SettingsError, match="file not found \\(MEDALLION_COUNTERS__REGISTRY\\)"):
+        load_counter_registry(tmp_path / "nope.yaml")
+
+
+def test_an_unknown_counter_is_a_settings_error_naming_the_known_ones(tmp_path: Path) -> None:
+    path = tmp_path / "counters.yaml"
+    path.write_text(REGISTRY)
+    with pytest.raises(SettingsError, match="no counter named 'likes' in the registry \\(post_views, mobile_likes\\)"):
+        counter(load_counter_registry(path), "likes")
+
+
+def test_changes_go_out_one_table_per_counters_version_even_across_batches() -> None:
+    batches = [
+        pa.record_batch({"entity": ["a", "b", "a"], "version": [1, 1, 2]}),
+        pa.record_batch({"entity": ["b", "c"], "version": [2, 3]}),
+    ]
+    tables = list(by_version(batches))
+    assert [(t["version"].to_pylist(), t["entity"].to_pylist()) for t in tables] == [
+        ([1, 1], ["a", "b"]),
+        ([2, 2], ["a", "b"]),
+        ([3], ["c"]),
+    ]

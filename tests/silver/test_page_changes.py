@@ -8,7 +8,18 @@ from pyspark.testing import assertDataFrameEqual
 
 from bronze.landing import valid
 from bronze.page_changes import BRONZE_PAGE_CHANGES_COLUMNS, parse_page_changes
-from silver.page_changes import dedup_page_changes
+from silver.page_changes import (
+    EVENT_COLUMNS,
+    LAST_EMITTED_SCHEMA,
+    PAGE_CHANGE_STATE_SCHEMA,
+    SILVER_PAGE_CHANGES_SCHEMA,
+    dedup_page_changes,
+    event_clock,
+    next_state,
+    state_events,
+    state_last_emitted,
+    state_progress,
+)
 from tests.helpers import fixture_page_changes
 
 W = timedelta(minutes=5)
@@ -121,4 +132,35 @@ def test_out_of_order_arrival_keeps_the_greatest_revision(spark: SparkSession) -
     out = rows(spark, events).transform(dedup_page_changes("staggered", W))
     assertDataFrameEqual(
         out.select("rev_id", "merged_count"), spark.createDataFrame([(3, 4)], "rev_id long, merged_count int")
+    )
+
+
+def test_the_watermark_trails_the_newest_event_and_a_drain_closes_every_window() -> None:
+    lateness = timedelta(minutes=1)
+    assert event_clock(None, None, lateness, drain=False) == (None, None)
+    assert event_clock(None, at("10:00:00"), lateness, drain=False) == (at("10:00:00"), at("09:59:00"))
+    # A batch of older events never moves the clock back.
+    assert event_clock(at("10:00:00"), at("09:00:00"), lateness, drain=False) == (at("10:00:00"), at("09:59:00"))
+    assert event_clock(at("10:00:00"), at("10:05:00"), lateness, drain=True) == (at("10:05:00"), None)
+
+
+def test_the_state_a_run_leaves_reads_back_as_its_buffer_keys_outbox_and_progress(spark: SparkSession) -> None:
+    open_events = spark.createDataFrame(
+        [("enwiki", 1, 10, at("10:01:00"), "edit", "m1", "{}", at("10:00:00"), at("10:05:00"))],
+        "wiki_id string, page_id long, rev_id long, event_time timestamp, page_change_kind string, meta_id string, "
+        "raw string, window_start timestamp, window_end timestamp",
+    )
+    last = spark.createDataFrame([("enwiki", 2, 7, at("09:58:00"))], LAST_EMITTED_SCHEMA)
+    emitted = spark.createDataFrame(
+        [("enwiki", 2, 7, at("09:58:00"), "edit", "update", at("09:55:00"), at("10:00:00"), 2, "m0", "{}")],
+        SILVER_PAGE_CHANGES_SCHEMA,
+    )
+    state = next_state(open_events, last, emitted, at("10:01:00"), 7)
+    assert sorted(state.columns) == sorted(PAGE_CHANGE_STATE_SCHEMA.fieldNames())
+    assertDataFrameEqual(state.transform(state_events), open_events.select(*EVENT_COLUMNS))
+    assertDataFrameEqual(state.transform(state_last_emitted), last)
+    assertDataFrameEqual(state.where("kind = 'emit'").select(*SILVER_PAGE_CHANGES_SCHEMA.fieldNames()), emitted)
+    assertDataFrameEqual(
+        state.transform(state_progress),
+        spark.createDataFrame([(7, at("10:01:00"))], "bronze_version long, max_event_time timestamp"),
     )

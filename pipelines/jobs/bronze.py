@@ -1,0 +1,187 @@
+"""Bronze jobs: land files and Kafka messages as they came, each batch exactly once."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from bronze.events import BRONZE_EVENTS_COLUMNS, parse_events
+from bronze.landing import quarantined, valid
+from bronze.page_changes import BRONZE_PAGE_CHANGES_COLUMNS, parse_page_changes
+from pipelines import quality
+from pipelines.errors import InputError
+from pipelines.eventlog import RunRecord
+from pipelines.runner import Context, append_once, run_job
+from pipelines.sources import kafka
+from pipelines.sources.files import FileBatch, landing_table, read_records
+from pipelines.storage import AppTxn
+from pipelines.tables import BRONZE_EVENTS, BRONZE_PAGE_CHANGES, BRONZE_QUARANTINE
+
+KINDS = {
+    "events": (BRONZE_EVENTS, parse_events, BRONZE_EVENTS_COLUMNS),
+    "page_changes": (BRONZE_PAGE_CHANGES, parse_page_changes, BRONZE_PAGE_CHANGES_COLUMNS),
+}
+
+
+@dataclass
+class Landed:
+    """Landing rows parsed once: rows for the bronze table and rows for the quarantine.
+
+    Both derive from one cached parse; :meth:`release` drops the cache once they are written.
+    """
+
+    good: DataFrame
+    bad: DataFrame
+    cached: DataFrame
+
+    def release(self) -> None:
+        self.cached.unpersist()
+
+
+def parse_landing(ctx: Context, record: RunRecord, kind: str, landing: pa.Table) -> Landed:
+    """Landing rows -> the rows for the bronze table of ``kind`` and for the quarantine, one parse.
+
+    The parsed rows are validated with the bronze table's suite; rows a ``drop`` expectation
+    removes join the quarantine rows, so both land in the same commits as the batch.
+    """
+    target, parser, columns = KINDS[kind]
+    parsed = ctx.spark.createDataFrame(landing).transform(parser(ctx.settings.kafka.max_message_bytes)).persist()
+    good, bad = valid(parsed, columns), quarantined(parsed, kind)
+    if quality.enabled(ctx):
+        checked = quality.run_suite(ctx, record, quality.suite_for(ctx, target.key).for_batches(), good)
+        good = checked.kept
+        if checked.dropped is not None:
+            bad = bad.unionByName(quality.to_quarantine(checked.dropped, kind))
+    return Landed(good, bad, parsed)
+
+
+def ingest_files(ctx: Context, kind: str, paths: Sequence[Path]) -> RunRecord:
+    """Land JSON-lines / JSON-array files into bronze, idempotently per file content."""
+    if kind not in KINDS:
+        raise InputError(f"unknown kind {kind!r}: use one of {', '.join(KINDS)}")
+    target = KINDS[kind][0]
+
+    def body(record: RunRecord) -> None:
+        for spec in (target, BRONZE_QUARANTINE):
+            ctx.store.ensure(spec)
+        now = datetime.now(UTC)
+        files: list[tuple[FileBatch, AppTxn]] = []
+        for path in paths:
+            content = Path(path).read_bytes() if Path(path).is_file() else None
+            if content is None:
+                raise InputError(f"{path}: no such file")
+            batch = read_records(path, content)
+            txn = AppTxn(f"medallion/ingest-file/{kind}/{batch.digest}", 0)
+            seen = any(b.digest == batch.digest for b, _ in files)
+            if seen or ctx.store.txn_version(target, txn.app_id) is not None:
+                record.add(files_skipped=record.metrics.get("files_skipped", 0) + 1)
+                continue
+            files.append((batch, txn))
+        if not files:
+            record.noop("every file was landed before")
+            return
+        landing = landing_table([b for b, _ in files], now)
+        landed = parse_landing(ctx, record, kind, landing)
+        try:
+            for batch, txn in files:
+                name = F.col("source_file") == F.lit(str(batch.path))
+                append_once(ctx.store, BRONZE_QUARANTINE, landed.bad.where(name), txn)
+                append_once(ctx.store, target, landed.good.where(name), txn)
+            # Two counts of the cached parse: small figures, not rows.
+            n_good, n_bad = landed.good.count(), landed.bad.count()
+        finally:
+            landed.release()
+        record.rows_in = landing.num_rows
+        record.rows_out = n_good
+        record.add(files=len(files), quarantined=n_bad)
+        ctx.say(f"landed {n_good:,} {kind} from {len(files)} file(s), {n_bad:,} quarantined")
+
+    return run_job(ctx, f"ingest_file.{kind}", body)
+
+
+def topic_kinds(ctx: Context, topics: Sequence[str] | None = None) -> dict[str, str]:
+    """Topic name -> bronze kind, for the configured topics (or the subset named)."""
+    configured = {
+        ctx.settings.kafka.topics.events: "events",
+        ctx.settings.kafka.topics.page_changes: "page_changes",
+    }
+    if not topics:
+        return configured
+    unknown = [t for t in topics if t not in configured]
+    if unknown:
+        raise InputError(
+            f"unknown topic(s) {', '.join(unknown)}: configured are {', '.join(configured)} "
+            "(MEDALLION_KAFKA__TOPICS__EVENTS / __PAGE_CHANGES)"
+        )
+    return {t: configured[t] for t in topics}
+
+
+def ingest_kafka(
+    ctx: Context,
+    topics: Sequence[str] | None = None,
+    *,
+    max_batch: int = 10_000,
+    max_wait: float = 5.0,
+    once: bool = False,
+    stop: threading.Event | None = None,
+) -> kafka.IngestStats:
+    """Consume the topics as one member of the consumer group, landing each flush exactly once."""
+    kinds = topic_kinds(ctx, topics)
+    group = ctx.settings.kafka.group_id
+    for kind in set(kinds.values()):
+        ctx.store.ensure(KINDS[kind][0])
+    ctx.store.ensure(BRONZE_QUARANTINE)
+
+    def flush(by_topic: Mapping[str, list[Any]], batch_id: str) -> kafka.FlushResult:
+        result = kafka.FlushResult()
+
+        def body(record: RunRecord) -> None:
+            nonlocal result
+            result = kafka.FlushResult()
+            now = datetime.now(UTC)
+            for topic, messages in by_topic.items():
+                target = KINDS[kinds[topic]][0]
+                parsed = parse_landing(ctx, record, kinds[topic], kafka.landing_rows(messages, batch_id, now))
+                # A flush's rows were born in this process (the consumer) and are bounded by
+                # --max-batch: they go back to Arrow so each partition's offsets commit with them.
+                good, bad = parsed.good.toArrow(), parsed.bad.toArrow()
+                parsed.release()
+                last = kafka.last_offsets(messages)
+                kafka.write_partitions_once(ctx.store, BRONZE_QUARANTINE, bad, last, group)
+                landed = kafka.write_partitions_once(ctx.store, target, good, last, group)
+                result.messages += len(messages)
+                result.landed[topic] = landed
+                result.quarantined += bad.num_rows
+                result.partitions += len(last)
+                record.add(**{f"topic.{topic}.messages": len(messages), f"topic.{topic}.landed": landed})
+            record.rows_in = result.messages
+            record.rows_out = sum(result.landed.values())
+            record.add(quarantined=result.quarantined, partitions=result.partitions)
+            record.details = batch_id
+            ctx.say(
+                f"kafka: {result.messages:,} messages from {result.partitions} partition(s) -> "
+                f"{record.rows_out:,} landed, {result.quarantined:,} quarantined"
+            )
+
+        run_job(ctx, "ingest.kafka", body)
+        return result
+
+    ingestor = kafka.KafkaIngestor(
+        ctx.settings.kafka,
+        ctx.store,
+        {topic: KINDS[kind][0] for topic, kind in kinds.items()},
+        flush,
+        max_batch=max_batch,
+        max_wait=max_wait,
+        once=once,
+        stop=stop,
+    )
+    return ingestor.run()

@@ -1,0 +1,186 @@
+"""Counter jobs: silver events -> partial increments -> tiered flushes into totals -> milestones, ClickHouse."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import functions as F
+
+from gold.counters import (
+    FLUSH_INSERT,
+    FLUSH_ON,
+    FLUSH_UPDATE,
+    FLUSH_WHEN,
+    by_version,
+    crossings,
+    exported_changes,
+    flush_source,
+    increments,
+)
+from pipelines.eventlog import RunRecord
+from pipelines.layer_config import counter_registry
+from pipelines.runner import Context, app_id, pending, run_job
+from pipelines.sinks import clickhouse
+from pipelines.storage import AppTxn
+from pipelines.tables import (
+    COUNTER_EXPORTS,
+    GOLD_COUNTER_MILESTONES,
+    GOLD_COUNTER_PARTIALS,
+    GOLD_COUNTERS,
+    SILVER_EVENTS,
+)
+
+NO_REGISTRY = "no counter registry configured (counters.registry)"
+
+
+def gold_counter_partials(ctx: Context) -> RunRecord:
+    """Stage 1: new silver events -> increments per counter, entity and window."""
+    registry = counter_registry(ctx)
+
+    def body(record: RunRecord) -> None:
+        if registry is None:
+            record.noop(NO_REGISTRY)
+            return
+        ctx.store.ensure(GOLD_COUNTER_PARTIALS)
+        inc = pending(ctx.store, SILVER_EVENTS, GOLD_COUNTER_PARTIALS, app_id("gold.counter_partials", SILVER_EVENTS))
+        if inc is None:
+            record.noop("no new silver events")
+            return
+        events = inc.read(ctx.store)
+        rows = increments(events, registry, ctx.settings.counters.window, inc.end).persist()
+        ctx.store.append(GOLD_COUNTER_PARTIALS, rows, [inc.txn])
+        totals = rows.agg(F.count(F.lit(1)).alias("rows"), F.sum("count").alias("n")).first()
+        rows.unpersist()
+        n, n_rows = (int(totals["n"] or 0), int(totals["rows"])) if totals else (0, 0)
+        record.rows_in, record.rows_out = n, n_rows
+        record.add(increments=n, partial_rows=n_rows)
+        ctx.say(f"gold/counter_partials: {n:,} increments -> {n_rows:,} partial rows")
+
+    return run_job(ctx, "gold.counter_partials", body)
+
+
+def gold_counters(ctx: Context, drain: bool = False) -> RunRecord:
+    """Stage 2: flush the entities whose tier is due: their new partials MERGEd into the totals.
+
+    ``drain`` flushes every entity with new partials whatever its tier (the end of a backfill).
+    """
+    registry = counter_registry(ctx)
+
+    def body(record: RunRecord) -> None:
+        if registry is None:
+            record.noop(NO_REGISTRY)
+            return
+        for spec in (GOLD_COUNTERS, GOLD_COUNTER_PARTIALS):
+            ctx.store.ensure(spec)
+        parts = ctx.store.read(GOLD_COUNTER_PARTIALS).persist()
+        stats = parts.agg(F.max("seq").alias("seq"), F.max("window_end").alias("clock")).first()
+        if stats is None or stats["seq"] is None:
+            parts.unpersist()
+            record.noop("no counter partials yet")
+            return
+        seq, clock = int(stats["seq"]), stats["clock"]
+        source = flush_source(parts, ctx.store.read(GOLD_COUNTERS), registry, clock, seq, force=drain).persist()
+        n_source = source.count()
+        if n_source == 0:
+            source.unpersist()
+            parts.unpersist()
+            record.noop("no entity is due for a flush")
+            return
+        run = (ctx.store.txn_version(GOLD_COUNTERS, "gold.counters") or 0) + 1
+        ctx.store.merge(
+            GOLD_COUNTERS,
+            source,
+            on=FLUSH_ON,
+            update=FLUSH_UPDATE,
+            insert=FLUSH_INSERT,
+            update_when=FLUSH_WHEN,
+            txns=[AppTxn("gold.counters", run)],
+        )
+        source.unpersist()
+        parts.unpersist()
+        record.rows_in = record.rows_out = n_source
+        record.add(flushed_entities=n_source, clock_epoch_s=clock.timestamp(), partial_seq=seq)
+        ctx.say(f"gold/counters: flushed {n_source:,} entities through batch {seq}")
+
+    return run_job(ctx, "gold.counters", body)
+
+
+def counter_milestones(ctx: Context) -> RunRecord:
+    """Thresholds crossed by committed counter changes (read from the change data feed)."""
+    registry = counter_registry(ctx)
+    app = app_id("gold.counter_milestones", GOLD_COUNTERS)
+
+    def body(record: RunRecord) -> None:
+        if registry is None:
+            record.noop(NO_REGISTRY)
+            return
+        for spec in (GOLD_COUNTERS, GOLD_COUNTER_MILESTONES):
+            ctx.store.ensure(spec)
+        inc = pending(ctx.store, GOLD_COUNTERS, GOLD_COUNTER_MILESTONES, app)
+        if inc is None:
+            record.noop("no new counter changes")
+            return
+        changes = ctx.store.read_changes(GOLD_COUNTERS, inc.start, inc.end)
+        rows = crossings(changes, registry).persist()
+        ctx.store.append(GOLD_COUNTER_MILESTONES, rows, [inc.txn])
+        n = rows.count()
+        rows.unpersist()
+        record.rows_out = n
+        record.add(milestones=n, counters_from=inc.start, counters_to=inc.end)
+        ctx.say(f"gold/counter_milestones: {n:,} threshold(s) crossed")
+
+    return run_job(ctx, "gold.counter_milestones", body)
+
+
+def export_counters(ctx: Context) -> RunRecord:
+    """gold/counters -> ClickHouse ``counters``, one counters version per insert, exactly once.
+
+    Each version's changed rows go in one insert with the token ``gold/counters:v<version>``, then
+    the version is recorded (app transaction on ``_meta/counter_exports``). A run stopped between
+    the two resends the same rows with the same token, which ClickHouse drops; the table is a
+    ReplacingMergeTree on (counter, entity) by version, so ``FINAL`` shows one row per entity.
+    """
+    app = app_id("export.counters", GOLD_COUNTERS)
+    database = ctx.settings.clickhouse.database
+
+    def body(record: RunRecord) -> None:
+        for spec in (GOLD_COUNTERS, COUNTER_EXPORTS):
+            ctx.store.ensure(spec)
+        inc = pending(ctx.store, GOLD_COUNTERS, COUNTER_EXPORTS, app)
+        if inc is None:
+            record.noop("no new counter changes")
+            return
+        changes = exported_changes(ctx.store.read_changes(GOLD_COUNTERS, inc.start, inc.end))
+        sent = 0
+        versions: list[int] = []
+
+        def send(client: Any, rows: pa.Table) -> None:
+            nonlocal sent
+            version = rows["version"][0].as_py()
+            clickhouse.insert(client, clickhouse.COUNTERS_TABLE, rows, f"medallion:gold/counters:v{version}", database)
+            log_row = pa.Table.from_pylist(
+                [{"counters_version": version, "rows": rows.num_rows, "exported_at": datetime.now(UTC)}],
+                schema=COUNTER_EXPORTS.arrow_schema,
+            )
+            ctx.store.append(COUNTER_EXPORTS, log_row, [AppTxn(app, version)])
+            sent += rows.num_rows
+            versions.append(version)
+
+        with clickhouse.connect(ctx.settings) as client, ctx.store.stream(changes) as batches:
+            clickhouse.ensure_counters(client, database)
+            # One insert per counters version (its token); the driver holds one version's rows.
+            for rows in by_version(batches):
+                send(client, rows)
+        if not versions or versions[-1] < inc.end:
+            # Versions without row changes (table creation, optimize) are recorded as done too.
+            empty = COUNTER_EXPORTS.arrow_schema.empty_table()
+            ctx.store.append(COUNTER_EXPORTS, empty, [inc.txn])
+        record.rows_in = record.rows_out = sent
+        record.add(versions=len(versions))
+        ctx.say(
+            f"export: {sent:,} counter rows from {len(versions)} version(s) to ClickHouse {clickhouse.COUNTERS_TABLE}"
+        )
+
+    return run_job(ctx, "export.counters", body)

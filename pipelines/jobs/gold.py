@@ -1,0 +1,219 @@
+"""Gold jobs: silver events -> partial counts (stage 1) -> merged into gold (stage 2) -> ClickHouse."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from gold.export import (
+    EXPORT_DATASET,
+    EXPORTED_ON,
+    EXPORTED_UPDATE,
+    export_batch,
+    export_bounds,
+    exported_rows,
+    in_send_order,
+    incremental_batch,
+    latest_changes,
+    newest_event,
+    outbox_rows,
+    progress_of,
+    rechunk,
+)
+from gold.property_values import MERGE_ON, MERGE_UPDATE, WINDOW_START, fan_out, merge_source, partials, skip_counts
+from pipelines import quality
+from pipelines.eventlog import RunRecord
+from pipelines.layer_config import fanout_rules
+from pipelines.runner import Context, app_id, append_once, pending, run_job
+from pipelines.sinks import clickhouse
+from pipelines.storage import AppTxn
+from pipelines.tables import EXPORT_OUTBOX, EXPORTS, GOLD_EXPORTED, GOLD_PARTIALS, GOLD_PROPERTY_VALUES, SILVER_EVENTS
+from silver.buckets import in_buckets
+
+
+def gold_partials(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
+    """Stage 1: new silver events -> partial tuple counts per window and source batch."""
+
+    def body(record: RunRecord) -> None:
+        ctx.store.ensure(GOLD_PARTIALS)
+        inc = pending(ctx.store, SILVER_EVENTS, GOLD_PARTIALS, app_id("gold.partials", SILVER_EVENTS, buckets))
+        if inc is None:
+            record.noop("no new silver events")
+            return
+        events = inc.read(ctx.store).transform(in_buckets(buckets)).persist()
+        tuples = events.transform(fan_out(fanout_rules(ctx))).persist()
+        reasons = {r["reason"]: r["count"] for r in skip_counts(tuples).collect()}
+        counted = reasons.pop("counted", 0)
+        batch = tuples.transform(partials(ctx.settings.gold.window)).persist()
+        out = quality.gate(ctx, record, GOLD_PARTIALS.key, batch, inc.txn, tuples=counted)
+        n_events, n_out = events.count(), out.count()
+        ctx.store.append(GOLD_PARTIALS, out, [inc.txn])
+        for df in (batch, tuples, events):
+            df.unpersist()
+        record.rows_in, record.rows_out = n_events, n_out
+        record.add(input_events=n_events, tuples=counted, partial_rows=n_out)
+        record.add(**{f"skipped.{k}": v for k, v in reasons.items()})
+        ctx.say(f"gold stage 1: {n_events:,} events -> {counted:,} tuples -> {n_out:,} partial rows")
+
+    return run_job(ctx, "gold.partials", body)
+
+
+def gold_merge(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
+    """Stage 2: partials not merged yet -> summed per tuple and window -> MERGE into gold."""
+
+    def body(record: RunRecord) -> None:
+        ctx.store.ensure(GOLD_PROPERTY_VALUES)
+        inc = pending(ctx.store, GOLD_PARTIALS, GOLD_PROPERTY_VALUES, app_id("gold.merge", GOLD_PARTIALS, buckets))
+        if inc is None:
+            record.noop("no new partials")
+            return
+        parts = inc.read(ctx.store).transform(in_buckets(buckets)).persist()
+        batch = parts.transform(merge_source()).persist()
+        source = quality.gate(ctx, record, GOLD_PROPERTY_VALUES.key, batch, inc.txn)
+        n_parts, n_source = parts.count(), source.count()
+        ctx.store.merge(GOLD_PROPERTY_VALUES, source, on=MERGE_ON, update=MERGE_UPDATE, txns=[inc.txn])
+        batch.unpersist()
+        parts.unpersist()
+        record.rows_in, record.rows_out = n_parts, n_source
+        record.add(partial_rows=n_parts, merged_rows=n_source)
+        ctx.say(f"gold stage 2: {n_parts:,} partial rows merged as {n_source:,} rows")
+
+    return run_job(ctx, "gold.merge", body)
+
+
+def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:
+    """Closed windows of gold -> ClickHouse, exactly once, with corrections for late counts.
+
+    Each batch is first appended to ``_meta/export_outbox`` under the next batch number (one
+    commit), then sent in a fixed order and chunking, each insert carrying the token
+    ``<batch>:<chunk>``, then recorded in ``gold/property_value_exports`` under the same number. A
+    run that stopped anywhere in between is finished by the next one: it resends the same rows with
+    the same tokens, which ClickHouse drops if they had arrived.
+    """
+    g = ctx.settings.gold
+    database = ctx.settings.clickhouse.database
+    chunk = ctx.settings.clickhouse.insert_chunk_rows
+    app = app_id("export.clickhouse", GOLD_PROPERTY_VALUES)
+
+    def deliver(seq: int, record: RunRecord) -> int:
+        """Send outbox batch ``seq`` (again) and record it as exported; returns rows sent."""
+        rows = ctx.store.read(EXPORT_OUTBOX, where=f"export_seq = {seq}").persist()
+        sent = 0
+        with clickhouse.connect(ctx.settings) as client, ctx.store.stream(in_send_order(rows)) as batches:
+            clickhouse.ensure_property_values(client, database)
+            # A fixed order and chunking, so a resend carries the same tokens for the same rows.
+            for i, data in enumerate(rechunk(batches, chunk)):
+                clickhouse.insert(client, clickhouse.PROPERTY_VALUES_TABLE, data, _token(seq, i), database)
+                sent += data.num_rows
+        ctx.store.merge(
+            GOLD_EXPORTED, exported_rows(rows), on=EXPORTED_ON, update=EXPORTED_UPDATE, txns=[AppTxn(app, seq)]
+        )
+        # Two sums over the batch: figures, not rows.
+        sums = rows.agg(F.sum("count").alias("n"), F.sum(F.col("correction").cast("long")).alias("c")).first()
+        rows.unpersist()
+        count_sum, corrections = (int(sums["n"] or 0), int(sums["c"] or 0)) if sums else (0, 0)
+        log_row = pa.Table.from_pylist(
+            [
+                {
+                    "sink": "clickhouse",
+                    "target": clickhouse.PROPERTY_VALUES_TABLE,
+                    "source": GOLD_PROPERTY_VALUES.key,
+                    "from_version": seq,
+                    "to_version": seq,
+                    "rows": sent,
+                    "count_sum": count_sum,
+                    "exported_at": datetime.now(UTC),
+                }
+            ],
+            schema=EXPORTS.arrow_schema,
+        )
+        append_once(ctx.store, EXPORTS, log_row, AppTxn(app, seq))
+        record.add(
+            rows_exported=record.metrics.get("rows_exported", 0) + sent,
+            late_corrections=record.metrics.get("late_corrections", 0) + corrections,
+            count_sum=record.metrics.get("count_sum", 0) + count_sum,
+        )
+        return sent
+
+    def body(record: RunRecord) -> None:
+        for spec in (GOLD_PROPERTY_VALUES, GOLD_EXPORTED, EXPORT_OUTBOX, EXPORTS):
+            ctx.store.ensure(spec)
+        out_seq = ctx.store.txn_version(EXPORT_OUTBOX, app) or 0
+        done_seq = ctx.store.txn_version(GOLD_EXPORTED, app) or 0
+        if out_seq > done_seq:
+            resent = deliver(out_seq, record)
+            ctx.say(f"export: finished batch {out_seq} that a stopped run had left ({resent:,} rows)")
+        version = ctx.store.version(GOLD_PROPERTY_VALUES)
+        prev = None if out_seq == 0 else progress_of(ctx.store.read(EXPORT_OUTBOX, where=f"export_seq = {out_seq}"))
+        if prev is not None and prev.gold_version == version and not drain:
+            record.noop(f"gold has not changed since export batch {out_seq}")
+            return
+        cached: list[DataFrame] = []
+        if prev is None:
+            # The first export (or the first since the lake kept its progress): all of gold.
+            gold = ctx.store.read(GOLD_PROPERTY_VALUES).persist()
+            cached.append(gold)
+            newest = newest_event(gold, None)
+            exported = ctx.store.read(GOLD_EXPORTED)
+        else:
+            # Only what changed: the windows closed since the last batch, and the tuples of
+            # windows closed before it that gold's change feed shows late counts for.
+            changes = ctx.store.read_changes(GOLD_PROPERTY_VALUES, prev.gold_version + 1, version).persist()
+            cached.append(changes)
+            newest = newest_event(changes, prev.newest_event)
+            late = changes.transform(latest_changes(g.window, prev.closed_through)).persist()
+            cached.append(late)
+            # The late tuples' windows, to read only their part of what was exported: a list of
+            # window starts, bounded by the time the late data spans, not by its rows.
+            windows = [r[0] for r in late.select(WINDOW_START).distinct().collect()]
+            exported = ctx.store.read(GOLD_EXPORTED).where(F.col(WINDOW_START).isin(windows))
+        if newest is None:
+            for df in cached:
+                df.unpersist()
+            record.noop("gold is empty")
+            return
+        bounds = export_bounds(newest, g.window, g.grace, drain, prev)
+        if prev is None:
+            batch = gold.transform(export_batch(exported, g.window, bounds.closed_before, g.min_export_count))
+        else:
+            batch = ctx.store.read(GOLD_PROPERTY_VALUES).transform(
+                incremental_batch(
+                    late, exported, g.window, prev.closed_through, bounds.closed_before, g.min_export_count
+                )
+            )
+        batch = batch.persist()
+        cached.append(batch)
+        gated = batch.where("_gated").count()
+        seq = out_seq + 1
+        to_send = quality.gate(ctx, record, EXPORT_DATASET, batch.where("NOT _gated").drop("_gated"), AppTxn(app, seq))
+        rows = to_send.transform(outbox_rows(seq, version, newest, bounds.through)).persist()
+        cached.append(rows)
+        n_rows = rows.count()
+        record.add(gated=gated)
+        if bounds.closed_before is not None:
+            record.add(watermark_epoch_s=bounds.closed_before.timestamp())
+        if n_rows == 0:
+            for df in cached:
+                df.unpersist()
+            record.noop("no closed window has counts to export" + (f" ({gated:,} gated)" if gated else ""))
+            return
+        ctx.store.append(EXPORT_OUTBOX, rows, [AppTxn(app, seq)])
+        for df in cached:
+            df.unpersist()
+        sent = deliver(seq, record)
+        record.rows_in = record.rows_out = sent
+        ctx.say(
+            f"export: batch {seq}: {sent:,} rows to ClickHouse {clickhouse.PROPERTY_VALUES_TABLE} "
+            f"({int(record.metrics.get('late_corrections', 0)):,} corrections, {gated:,} gated)"
+            + (" (drained)" if drain else "")
+        )
+
+    return run_job(ctx, "export.clickhouse", body)
+
+
+def _token(seq: int, chunk: int) -> str:
+    return f"medallion:{GOLD_PROPERTY_VALUES.key}:batch{seq}:c{chunk}"

@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pyarrow as pa
+import pytest
+
+from gold.export import ExportBounds, ExportProgress, export_bounds, rechunk
+
+T = datetime(2024, 6, 1, 12, tzinfo=UTC)
+WINDOW, GRACE = timedelta(seconds=30), timedelta(seconds=60)
+
+
+def batches(*sizes: int) -> list[pa.RecordBatch]:
+    out, start = [], 0
+    for n in sizes:
+        out.append(pa.record_batch({"i": list(range(start, start + n))}))
+        start += n
+    return out
+
+
+@pytest.mark.parametrize("sizes", [(3, 5, 1), (9,), (1,) * 9, (4, 4, 1), (0, 9, 0)])
+def test_chunks_are_cut_by_position_whatever_batches_the_rows_came_in(sizes: tuple[int, ...]) -> None:
+    chunks = list(rechunk(batches(*sizes), 4))
+    assert [c.num_rows for c in chunks] == [4, 4, 1]
+    assert [c["i"].to_pylist() for c in chunks] == [[0, 1, 2, 3], [4, 5, 6, 7], [8]]
+
+
+def test_no_rows_make_no_chunk() -> None:
+    assert list(rechunk(batches(0), 4)) == []
+
+
+def test_the_watermark_closes_windows_a_grace_behind_the_newest_event() -> None:
+    assert export_bounds(T, WINDOW, GRACE, drain=False, prev=None) == ExportBounds(T - GRACE, T - GRACE)
+
+
+def test_a_drain_closes_every_window_through_the_newest_events_window() -> None:
+    assert export_bounds(T, WINDOW, GRACE, drain=True, prev=None) == ExportBounds(None, T + WINDOW)
+
+
+def test_the_recorded_end_never_moves_back() -> None:
+    prev = ExportProgress(gold_version=3, newest_event=T, closed_through=T + WINDOW)
+    assert export_bounds(T, WINDOW, GRACE, drain=False, prev=prev) == ExportBounds(T - GRACE, T + WINDOW)
