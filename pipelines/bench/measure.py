@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +24,8 @@ class Figure:
     units: list[float] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
     peak_rss_mb: dict[str, float] = field(default_factory=dict)
-    peer: str | None = None
+    #: label -> stage name of a peer figure: what this stage is compared with (``0.80x of <label>``)
+    peers: dict[str, str] = field(default_factory=dict)
     note: str | None = None
 
     @property
@@ -44,9 +45,28 @@ class Figure:
             "units": self.units,
             "seconds": self.seconds,
             "peak_rss_mb": self.peak_rss_mb,
-            "peer": self.peer,
+            "peers": [{"label": label, "stage": stage} for label, stage in self.peers.items()],
             "note": self.note,
         }
+
+
+def as_dicts(figures: Mapping[str, Figure]) -> list[dict]:
+    """Every figure as a dict, each of its peers with ``ratio``: the stage's median rate over the peer's.
+
+    A ratio needs both figures, so it is computed here rather than by ``Figure.as_dict``.
+    """
+    out = [f.as_dict() for f in figures.values()]
+    medians = {d["stage"]: d["median_per_s"] for d in out}
+    for d in out:
+        for p in d["peers"]:
+            ours, theirs = d["median_per_s"], medians.get(p["stage"])
+            p["ratio"] = ours / theirs if ours and theirs else None
+    return out
+
+
+def warm_up_first(fig: Figure, attempt: int) -> Figure:
+    """Where run ``attempt`` is recorded: the first run of each stage is a warm-up, thrown away."""
+    return fig if attempt > 0 else Figure("warm-up", fig.unit)
 
 
 def _rss_mb(pid: int) -> float:

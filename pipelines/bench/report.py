@@ -51,7 +51,6 @@ def _n(v: float | None, digits: int = 0) -> str:
 def markdown(result: dict[str, Any]) -> str:
     m = result["machine"]
     w = result["workload"]
-    stages = {s["stage"]: s for s in result["stages"]}
     lines = [
         f"# medallion bench, size {result['size']}",
         "",
@@ -61,7 +60,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"{w['remote_write_requests']:,} requests, {w['kafka_messages']:,} Kafka messages. "
         f"Median of {result['repeats']} runs after a warm-up (min-max); wall time {result['wall_seconds']:,} s.",
         "",
-        "| stage | median /s | min-max /s | median s | peak RSS MB (driver / JVM / other) | vs peer |",
+        "| stage | median /s | min-max /s | median s | peak RSS MB (driver / JVM / other) | vs peers |",
         "|---|---:|---:|---:|---|---|",
     ]
     for s in result["stages"]:
@@ -71,11 +70,7 @@ def markdown(result: dict[str, Any]) -> str:
         rss = s["peak_rss_mb"] or {"driver": None, "jvm": None}
         other = ", ".join(f"{k} {v:,.0f}" for k, v in rss.items() if k not in ("driver", "jvm"))
         mem = " / ".join(_n(rss.get(k)) for k in ("driver", "jvm")) + (f" / {other}" if other else "")
-        ratio = ""
-        if s.get("peer") and stages.get(s["peer"], {}).get("median_per_s"):
-            ratio = (
-                f"{s['median_per_s'] / stages[s['peer']]['median_per_s']:.2f}x of {s['peer'].removeprefix('peer: ')}"
-            )
+        ratio = "; ".join(f"{p['ratio']:.2f}x of {p['label']}" for p in s["peers"] if p["ratio"])
         lines.append(
             f"| {s['stage']} | {_n(s['median_per_s'])} {s['unit']} | {_n(s['min_per_s'])}-{_n(s['max_per_s'])} | "
             f"{_n(s['median_seconds'])} | {mem} | {ratio} |"
@@ -113,6 +108,26 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def ratios(ax: Any, result: dict[str, Any]) -> None:
+    """Each stage's rate over each of its peers' (``0.80x of plain Spark``), 1 marked: faster to its right."""
+    pairs = [
+        (f"{s['stage']} vs {p['label']}", p["ratio"], p["label"] == "plain Spark")
+        for s in result["stages"]
+        for p in s["peers"]
+        if p["ratio"]
+    ]
+    y = range(len(pairs))
+    ax.barh(list(y), [r for _, r, _ in pairs], color=["#4c72b0" if plain else "#dd8452" for *_, plain in pairs])
+    ax.set_yticks(list(y), [name for name, _, _ in pairs], fontsize=8)
+    for i, (_, r, _) in enumerate(pairs):
+        ax.annotate(f"{r:.2f}x", (r, i), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
+    ax.axvline(1, color="grey", linestyle="--", linewidth=1)
+    ax.set_xscale("log")
+    ax.set_xlim(right=max([1.5, *(r * 1.5 for _, r, _ in pairs)]))  # room for the 1x line and the labels
+    ax.set_title("stage rate / peer rate (log; blue: plain Spark)")
+    ax.invert_yaxis()
+
+
 def charts(result: dict[str, Any], out: Path) -> list[Path]:
     import matplotlib
 
@@ -120,14 +135,18 @@ def charts(result: dict[str, Any], out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     paths = []
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    # Stage names are long: the two per-stage charts get whole rows, the other three share one.
+    fig = plt.figure(figsize=(15, 17))
+    grid = fig.add_gridspec(3, 3, height_ratios=[1.6, 1.1, 1])
     ours = [s for s in result["stages"] if s["median_per_s"]]
-    ax = axes[0][0]
+    ax = fig.add_subplot(grid[0, :])
     ax.barh([s["stage"] for s in ours], [s["median_per_s"] for s in ours], color="#4c72b0")
     ax.set_xscale("log")
     ax.set_title("throughput per stage (units/s, log)")
+    ax.tick_params(axis="y", labelsize=8)
     ax.invert_yaxis()
-    ax = axes[0][1]
+    ratios(fig.add_subplot(grid[1, :]), result)
+    ax = fig.add_subplot(grid[2, 0])
     pods = [str(r["pods"]) for r in result["reduction"]]
     x = range(len(pods))
     ax.bar([i - 0.2 for i in x], [r["single_stage_per_event"] for r in result["reduction"]], 0.4, label="single-stage")
@@ -135,7 +154,7 @@ def charts(result: dict[str, Any], out: Path) -> list[Path]:
     ax.set_xticks(list(x), [f"{p} pods" for p in pods])
     ax.set_title("records written per event")
     ax.legend()
-    ax = axes[1][0]
+    ax = fig.add_subplot(grid[2, 1])
     for mode in ("tumbling", "staggered"):
         pts = sorted((d["window_minutes"], d["pruned_percent"]) for d in result["dedup"] if d["mode"] == mode)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=mode)
@@ -143,7 +162,7 @@ def charts(result: dict[str, Any], out: Path) -> list[Path]:
     ax.set_ylabel("% of page changes pruned")
     ax.set_title("dedup by window length")
     ax.legend()
-    ax = axes[1][1]
+    ax = fig.add_subplot(grid[2, 2])
     buf = result["buffer"]
     ax.plot([r["input_events"] for r in buf], [r["buffered_events"] for r in buf], marker="o", label="buffered events")
     ax.plot([r["input_events"] for r in buf], [r["state_rows"] for r in buf], marker="o", label="state rows")
@@ -151,7 +170,7 @@ def charts(result: dict[str, Any], out: Path) -> list[Path]:
     ax.set_title("silver page-change buffer")
     ax.legend()
     fig.suptitle(f"medallion bench, size {result['size']}")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.98))  # leave the suptitle its own line
     paths.append(out / "bench.png")
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)

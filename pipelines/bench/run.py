@@ -20,7 +20,8 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from pipelines import jobs
-from pipelines.bench.measure import Figure, timed
+from pipelines.bench import plain
+from pipelines.bench.measure import Figure, as_dicts, timed, warm_up_first
 from pipelines.bench.workloads import PODS, SIZES, Size, Workload, generate
 from pipelines.runner import Context
 from pipelines.settings import load_settings
@@ -35,6 +36,17 @@ from pipelines.tables import (
 
 DEDUP_WINDOWS = [1.0, 3.0, 5.0, 10.0, 15.0]
 GOLD_WINDOW_SECONDS = 30
+END_TO_END = "end to end (events)"
+#: The stages an event goes through, whose times add up to the end-to-end figure.
+EVENT_PATH = ("files -> bronze (events)", "silver events", "gold (stage 1 + 2)", "export to ClickHouse")
+#: The chain's stages, whose plain-Spark peers read the lake the chain leaves.
+CHAIN_STAGES = (
+    "files -> bronze (events)",
+    "silver page changes",
+    "silver events",
+    "gold (stage 1 + 2)",
+    "export to ClickHouse",
+)
 
 
 @dataclass
@@ -69,11 +81,6 @@ class Bench:
         return self.figures.setdefault(stage, Figure(stage, unit, **kw))
 
 
-def warm_up_first(fig: Figure, attempt: int) -> Figure:
-    """Where run ``attempt`` is recorded: the first run of each stage is a warm-up, thrown away."""
-    return fig if attempt > 0 else Figure("warm-up", fig.unit)
-
-
 # -- the pipeline chain ---------------------------------------------------------------------------
 def chain(b: Bench, w: Workload, record: bool, scale_into: dict[str, float] | None = None) -> Context:
     """Files -> bronze -> silver -> gold -> ClickHouse once, timing each stage into ``b.figures``."""
@@ -105,17 +112,9 @@ def chain(b: Bench, w: Workload, record: bool, scale_into: dict[str, float] | No
         lambda: exported.append(jobs.export_property_values(ctx, drain=True).rows_out),
     )
     if record:
-        e2e = sink.setdefault("end to end (events)", Figure("end to end (events)", "events"))
+        e2e = sink.setdefault(END_TO_END, Figure(END_TO_END, "events"))
         e2e.units.append(n_events)
-        e2e.seconds.append(
-            round(
-                sum(
-                    stages[s]
-                    for s in ("files -> bronze (events)", "silver events", "gold (stage 1 + 2)", "export to ClickHouse")
-                ),
-                3,
-            )
-        )
+        e2e.seconds.append(round(sum(stages[s] for s in EVENT_PATH), 3))
     if scale_into is not None:
         scale_into.update(stages)
     return ctx
@@ -156,6 +155,7 @@ def kafka_stage(b: Bench, w: Workload) -> None:
             landed = ctx.store.read(BRONZE_EVENTS).count()
             if landed != len(messages):
                 raise AssertionError(f"Kafka stage landed {landed} of {len(messages)} messages")
+        plain.measure(b, ctx, [fig.stage])
         fig.note = "includes ~3 s of consumer-group join (Tansu holds every JoinGroup)"
     finally:
         broker.stop()
@@ -273,7 +273,7 @@ def clickhouse_peer(b: Bench, ctx: Context) -> None:
                 client.command(CLICKHOUSE_FANOUT.format(db=db, window=GOLD_WINDOW_SECONDS))
         rows, tuples = client.query(f"SELECT count(), sum(c) FROM {db}.peer_property_values").result_rows[0]
     fig.note = f"{rows:,} rows for {tuples:,} tuples (JSON values kept raw, so counts differ slightly from ours)"
-    b.figures["gold (stage 1 + 2)"].peer = fig.stage
+    b.figures["gold (stage 1 + 2)"].peers["ClickHouse fan-out + GROUP BY"] = fig.stage
 
 
 def spark_dedup_peer(b: Bench, ctx: Context) -> None:
@@ -305,7 +305,7 @@ def spark_dedup_peer(b: Bench, ctx: Context) -> None:
         kept = b.spark.table(name).count()
     pruned = 100 - 100 * kept / max(n, 1)
     fig.note = f"keeps the first event per page within the watermark: {kept:,} of {n:,} kept ({pruned:.1f}% pruned)"
-    b.figures["silver page changes"].peer = fig.stage
+    b.figures["silver page changes"].peers["Spark dropDuplicatesWithinWatermark"] = fig.stage
 
 
 # -- metric panes ---------------------------------------------------------------------------------
@@ -338,6 +338,7 @@ def metric_panes_stage(b: Bench, w: Workload) -> None:
             with timed(warm_up_first(fig, attempt), table.num_rows):
                 jobs.silver_metric_panes(ctx, drain=True)
                 jobs.gold_metric_windows(ctx)
+        plain.measure(b, ctx, [stage])
         fig.note = "silver panes + gold windows, 4 keys (mode), 6 accumulators incl. increase and KLL"
 
 
@@ -424,9 +425,11 @@ def run_bench(
     for i in range(repeats):
         ctx = chain(b, w, record=True)
         say(f"  run {i + 1}/{repeats} done")
-    say("peers: ClickHouse fan-out, Spark dedup")
+    say("peers: ClickHouse fan-out, Spark dedup, plain Spark")
     clickhouse_peer(b, ctx)
     spark_dedup_peer(b, ctx)
+    plain.measure(b, ctx, CHAIN_STAGES)
+    plain.sum_of(b, END_TO_END, EVENT_PATH)
     say("Kafka -> bronze")
     kafka_stage(b, w)
     say("remote write")
@@ -444,7 +447,7 @@ def run_bench(
             scaling[name] = {
                 s: f.as_dict()["median_seconds"]
                 for s, f in b.figures.items()
-                if not s.startswith(("peer", "remote", "Kafka", "end", "samples"))
+                if not s.startswith(("peer", plain.PREFIX, "remote", "Kafka", "end", "samples"))
             }
         else:
             stages: dict[str, float] = {}
@@ -463,7 +466,8 @@ def run_bench(
         },
         "repeats": repeats,
         "machine": report.machine(spark),
-        "stages": [f.as_dict() for f in b.figures.values()],
+        # Plain-Spark peers last, so the table reads as our stages, then what they are compared with.
+        "stages": sorted(as_dicts(b.figures), key=lambda s: s["stage"].startswith(plain.PREFIX)),
         **b.extra,
         "wall_seconds": round(time.perf_counter() - t0, 1),
     }
