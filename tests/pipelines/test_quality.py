@@ -19,6 +19,15 @@ from pipelines.storage import AppTxn, open_store
 from pipelines.tables import BRONZE_EVENTS, BRONZE_QUARANTINE, SILVER_EVENTS
 
 
+@pytest.fixture
+def engine() -> str:
+    """The default engine only in this module for now: its delta-spark runs (a JVM Delta commit per
+    step, several runs per test) cost CI more than its budget holds; the contract suite, the job
+    and crash tests of tests/pipelines/test_jobs.py, the interop test and a demo run cover that
+    engine."""
+    return "delta-rs"
+
+
 def context(spark: SparkSession, tmp_path: Path, engine: str = "delta-rs", **policies: str) -> Context:
     settings = load_settings(lake_root=str(tmp_path / "lake"), delta_engine=engine, quality={"policies": policies})
     return Context(settings=settings, spark=spark, store=open_store(settings, spark))

@@ -197,10 +197,12 @@ def arrivals(draw: st.DrawFn) -> tuple[list[Event], list[list[Event]], int]:
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(stream=arrivals())
 def test_many_incremental_runs_with_restarts_equal_one_run(
-    spark: SparkSession, engine: str, tmp_path_factory: pytest.TempPathFactory, mode: str, stream: tuple
+    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory, mode: str, stream: tuple
 ) -> None:
+    # On the default engine: restarts and exactly-once on delta-spark are covered by the job and
+    # crash tests; 12 generated streams of Delta commits on the JVM would multiply CI's time.
     ordered, chunks, lateness = stream
-    one = run_incrementally(spark, tmp_path_factory.mktemp("one"), [ordered], mode, lateness, engine)
-    many = run_incrementally(spark, tmp_path_factory.mktemp("many"), chunks, mode, lateness, engine)
+    one = run_incrementally(spark, tmp_path_factory.mktemp("one"), [ordered], mode, lateness)
+    many = run_incrementally(spark, tmp_path_factory.mktemp("many"), chunks, mode, lateness)
     assert many == one
     assert one == reference(ordered, mode)[0]
