@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
@@ -88,3 +89,14 @@ def start_receiver(lake: Path, **overrides: object) -> tuple[RunningReceiver, th
     thread.start()
     assert ready.wait(10)
     return RunningReceiver(receiver, bound[0], lake), stop, thread
+
+
+@pytest.fixture(name="engine")
+def delta_rs_only() -> str:
+    """The ``engine`` fixture for a module whose tests run on the default engine only for now.
+
+    Their delta-spark runs (a JVM Delta commit per step, several runs per test) cost CI more than
+    its budget holds; the contract suite, the job and crash tests of tests/pipelines/test_jobs.py,
+    the interop test and a demo run cover that engine. Import it into the module to use it.
+    """
+    return "delta-rs"

@@ -17,16 +17,7 @@ from pipelines.settings import load_settings
 from pipelines.sinks import clickhouse
 from pipelines.storage import TableSpec, TableStore, open_store
 from pipelines.tables import GOLD_EXPORTED, GOLD_PARTIALS, GOLD_PROPERTY_VALUES
-
-
-@pytest.fixture
-def engine() -> str:
-    """The default engine only in this module for now: its delta-spark runs (a JVM Delta commit per
-    step, several runs per test) cost CI more than its budget holds; the contract suite, the job
-    and crash tests of tests/pipelines/test_jobs.py, the interop test and a demo run cover that
-    engine."""
-    return "delta-rs"
-
+from tests.helpers import delta_rs_only  # noqa: F401  (the engine fixture: delta-rs here)
 
 pytestmark = pytest.mark.integration
 

@@ -22,17 +22,8 @@ from pipelines.fixtures import PAGE_CHANGE_FILES
 from pipelines.runner import Context
 from pipelines.settings import load_settings
 from pipelines.storage import open_store
+from tests.helpers import delta_rs_only  # noqa: F401  (the engine fixture: delta-rs here)
 from tests.infra import KafkaBroker, unique_name
-
-
-@pytest.fixture
-def engine() -> str:
-    """The default engine only in this module for now: its delta-spark runs (a JVM Delta commit per
-    step, several runs per test) cost CI more than its budget holds; the contract suite, the job
-    and crash tests of tests/pipelines/test_jobs.py, the interop test and a demo run cover that
-    engine."""
-    return "delta-rs"
-
 
 pytestmark = pytest.mark.integration
 

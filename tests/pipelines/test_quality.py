@@ -17,15 +17,7 @@ from pipelines.runner import Context
 from pipelines.settings import load_settings
 from pipelines.storage import AppTxn, open_store
 from pipelines.tables import BRONZE_EVENTS, BRONZE_QUARANTINE, SILVER_EVENTS
-
-
-@pytest.fixture
-def engine() -> str:
-    """The default engine only in this module for now: its delta-spark runs (a JVM Delta commit per
-    step, several runs per test) cost CI more than its budget holds; the contract suite, the job
-    and crash tests of tests/pipelines/test_jobs.py, the interop test and a demo run cover that
-    engine."""
-    return "delta-rs"
+from tests.helpers import delta_rs_only  # noqa: F401  (the engine fixture: delta-rs here)
 
 
 def context(spark: SparkSession, tmp_path: Path, engine: str = "delta-rs", **policies: str) -> Context:
