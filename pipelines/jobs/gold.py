@@ -46,6 +46,7 @@ def gold_partials(ctx: Context, buckets: Sequence[int] | None = None) -> RunReco
             return
         events = inc.read(ctx.store).transform(in_buckets(buckets)).persist()
         tuples = events.transform(fan_out(fanout_rules(ctx))).persist()
+        # One row per skip reason: figures, not rows.
         reasons = {r["reason"]: r["count"] for r in skip_counts(tuples).collect()}
         counted = reasons.pop("counted", 0)
         batch = tuples.transform(partials(ctx.settings.gold.window)).persist()

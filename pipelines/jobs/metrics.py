@@ -47,6 +47,7 @@ def silver_metric_panes(ctx: Context, drain: bool = False) -> RunRecord:
             record.add(recovered_outbox_rows=recovered)
         seq = ctx.store.txn_version(SILVER_METRIC_STATE, app) or 0
         state = ctx.store.read(SILVER_METRIC_STATE, where="kind <> 'pane'").persist()
+        # One progress row per aggregation (and one for bronze): the state's bookkeeping, not samples.
         progress = {r["aggregation"]: r for r in state.transform(state_progress).collect()}
         done = progress[None]["bronze_version"] if None in progress else None
         inc = after(ctx.store, BRONZE_SAMPLES, done, app)
@@ -127,6 +128,7 @@ def gold_metric_windows(ctx: Context) -> RunRecord:
             record.noop("no new panes")
             return
         new = inc.read(ctx.store).persist()
+        # Per aggregation: its newest watermark and run, and how far windows are closed (one row each).
         stats = {
             r["aggregation"]: r
             for r in new.groupBy("aggregation")
