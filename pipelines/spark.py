@@ -76,6 +76,13 @@ def spark_confs(settings: Settings) -> dict[str, str]:
         confs["spark.pyspark.python"] = sys.executable
     if settings.delta_engine == "delta-spark":
         confs.update(DELTA_CONFS)
+        # Sessions this process starts (never a cluster's: those take only spark.sql.* confs).
+        # Delta rebuilds a table's state (files, app transactions) after each commit in a Spark
+        # job of ``snapshotPartitions`` tasks, 50 by default: on a laptop that was most of a
+        # small commit's time, so the log state follows the shuffles. A checkpoint cost ~5 s
+        # here and came every 10 commits; new tables take delta-rs's cadence, every 100.
+        confs["spark.databricks.delta.snapshotPartitions"] = str(settings.spark.shuffle_partitions)
+        confs["spark.databricks.delta.properties.defaults.checkpointInterval"] = "100"
         if settings.delta_jars:
             missing = [j for j in settings.delta_jars if "://" not in j and not Path(j).exists()]
             if missing:
