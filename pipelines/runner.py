@@ -82,12 +82,18 @@ def after(store: TableStore, source: TableSpec, done: int | None, app: str) -> I
     return Increment(source, start, latest, app)
 
 
-def append_once(store: TableStore, spec: TableSpec, data: pa.Table | DataFrame, txn: AppTxn) -> bool:
-    """Append unless ``spec`` already records ``txn`` (a redo after a crash). True when written."""
-    done = store.txn_version(spec, txn.app_id)
-    if done is not None and done >= txn.version:
+def append_once(
+    store: TableStore, spec: TableSpec, data: pa.Table | DataFrame, txn: AppTxn | Sequence[AppTxn]
+) -> bool:
+    """Append unless ``spec`` already records ``txn`` (a redo after a crash). True when written.
+
+    Several transactions are committed together, so the first one tells for all of them.
+    """
+    txns = [txn] if isinstance(txn, AppTxn) else list(txn)
+    done = store.txn_version(spec, txns[0].app_id)
+    if done is not None and done >= txns[0].version:
         return False
-    store.append(spec, data, [txn])
+    store.append(spec, data, txns)
     return True
 
 

@@ -18,7 +18,7 @@ from pipelines.eventlog import PIPELINE_EVENTS
 from pipelines.runner import Context
 from pipelines.settings import Settings
 from pipelines.storage import TableSpec, TableStore, open_store
-from pipelines.tables import BRONZE_EVENTS, SILVER_EVENTS
+from pipelines.tables import BRONZE_EVENTS, BRONZE_QUARANTINE, SILVER_EVENTS
 
 
 @pytest.fixture
@@ -73,6 +73,22 @@ def test_a_file_is_landed_once_per_content(ctx: Context, tmp_path: Path) -> None
     second = jobs.ingest_files(ctx, "events", [a])
     assert (first.rows_out, second.status) == (10, "noop")
     assert uuids(ctx.store, BRONZE_EVENTS) == [uuid(1, i) for i in range(10)]
+
+
+def test_files_land_in_as_few_commits_as_the_engine_allows(ctx: Context, tmp_path: Path) -> None:
+    """delta-rs records every file's app transaction in one commit, delta-spark one per commit; the
+    quarantine gets a commit only for a file with rows to quarantine."""
+    files = [write_events(tmp_path / f"{i}.jsonl", i + 1, 4) for i in range(3)]
+    with files[1].open("a") as f:
+        f.write("{not json\n")
+    jobs.ingest_files(ctx, "events", files)
+    commits = {spec.key: DeltaTable(ctx.store.path(spec)).version() for spec in (BRONZE_EVENTS, BRONZE_QUARANTINE)}
+    per_commit = ctx.store.max_txns_per_commit
+    # Version 0 creates each table; then 1 commit (delta-rs) or 3 (delta-spark) for the events, and
+    # the quarantine's one commit holds the one bad line.
+    assert commits == {"bronze/events": 1 if per_commit is None else 3, "bronze/quarantine": 1}
+    assert ctx.store.read(BRONZE_QUARANTINE).count() == 1
+    assert len(uuids(ctx.store, BRONZE_EVENTS)) == 12
 
 
 class Crash(Exception):
