@@ -1,5 +1,6 @@
-"""Runs a suite through Great Expectations' Spark datasource and turns the results into
-warn / drop / fail outcomes.
+"""Runs a suite and turns the results into warn / drop / fail outcomes: row-level checks as one
+aggregation of their predicates, checks on the whole batch through Great Expectations' Spark
+datasource.
 
 One ephemeral GX context per process, one dataframe asset per table. Results are asked for in the
 ``BASIC`` format without sample values: counts are what the outcome needs, and each sample list
@@ -165,17 +166,53 @@ def _outcome(check: Check, success: bool) -> str:
     return {"warn": "warned", "drop": "dropped", "fail": "failed"}[check.policy]
 
 
-def validate(df: DataFrame, suite: Suite, figures: DataFrame | None = None, rows: int | None = None) -> Validation:
-    """Run ``suite`` on ``df`` (persist it first: GX reads it several times) and split off drops.
+def row_counts(df: DataFrame, suite: Suite, checks: list[Check]) -> tuple[int, list[int]]:
+    """The batch's rows and the failing rows of each row-level check, in one pass over it.
 
-    Checks ``on="figures"`` run on ``figures`` (one row of numbers from several tables) when given,
-    else they are skipped. A check GX cannot evaluate (a missing column, a bad query) raises: a
-    broken check must not pass silently.
+    GX would run one or more Spark jobs per expectation; the checks' own predicates (the ones a
+    ``drop`` filters on) are summed in one aggregation instead. A predicate Spark cannot resolve
+    (a missing column) raises, naming the check.
+    """
+    from pyspark.errors import AnalysisException
+
+    for check in checks:
+        try:
+            df.select(failing(check)).schema  # noqa: B018 - resolving the predicate is the check
+        except AnalysisException as exc:
+            raise RuntimeError(f"{suite.table}: expectation {check.name} could not run: {exc}") from None
+    sums = [F.coalesce(F.sum(failing(c).cast("long")), F.lit(0)).alias(f"_f{i}") for i, c in enumerate(checks)]
+    counted = df.agg(F.count(F.lit(1)).alias("_rows"), *sums).first()  # one row of figures
+    assert counted is not None
+    return int(counted["_rows"]), [int(counted[f"_f{i}"]) for i in range(len(checks))]
+
+
+def validate(df: DataFrame, suite: Suite, figures: DataFrame | None = None, rows: int | None = None) -> Validation:
+    """Run ``suite`` on ``df`` (persist it first: it is read more than once) and split off drops.
+
+    Row-level checks are counted in one pass (:func:`row_counts`); checks on the whole batch run
+    through GX. Checks ``on="figures"`` run on ``figures`` (one row of numbers from several
+    tables) when given, else they are skipped. A check that cannot be evaluated (a missing
+    column, a bad query) raises: a broken check must not pass silently.
     """
     t0 = time.perf_counter()
-    results: list[Result] = []
+    by_name: dict[str, Result] = {}
+    row_checks = [c for c in suite.checks if c.on == "rows" and c.row_level]
+    if row_checks:
+        rows, failed_rows = row_counts(df, suite, row_checks)
+        for check, failed in zip(row_checks, failed_rows, strict=True):
+            by_name[check.name] = Result(
+                suite.table,
+                check.name,
+                check.policy,
+                "row",
+                rows,
+                failed,
+                _outcome(check, failed == 0),
+                None,
+                check.description,
+            )
     for frame, checks in (
-        (df, [c for c in suite.checks if c.on == "rows"]),
+        (df, [c for c in suite.checks if c.on == "rows" and not c.row_level]),
         (figures, [c for c in suite.checks if c.on == "figures"]),
     ):
         if frame is None or not checks:
@@ -190,20 +227,18 @@ def validate(df: DataFrame, suite: Suite, figures: DataFrame | None = None, rows
                 observed = _figures_text(figures, check)
             if rows is None and checked is not None and frame is df:
                 rows = checked
-            kind = "figures" if check.on == "figures" else "row" if check.row_level else "batch"
-            results.append(
-                Result(
-                    suite.table,
-                    check.name,
-                    check.policy,
-                    kind,
-                    checked if frame is df else None,
-                    failed,
-                    _outcome(check, bool(res.success)),
-                    observed,
-                    check.description,
-                )
+            by_name[check.name] = Result(
+                suite.table,
+                check.name,
+                check.policy,
+                "figures" if check.on == "figures" else "batch",
+                checked if frame is df else None,
+                failed,
+                _outcome(check, bool(res.success)),
+                observed,
+                check.description,
             )
+    results = [by_name[c.name] for c in suite.checks if c.name in by_name]
     kept, dropped = split(df, suite, results)
     return Validation(suite, results, kept, dropped, time.perf_counter() - t0)
 

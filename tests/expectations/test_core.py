@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from pyspark.sql import SparkSession
 
 from expectations.core import PolicyError, Suite, at_least_column, between, in_set, not_null, policy_problems, unique
-from expectations.runner import validate
+from expectations.runner import _run_gx, validate
 
 SCHEMA = "id long, team_id long, kind string, first_seen long, last_seen long"
 ROWS = [
@@ -35,9 +37,12 @@ def test_drop_removes_exactly_the_rows_gx_counts_as_unexpected(spark: SparkSessi
     suite = Suite("t/x", (check,))
     v = validate(df, suite)
     (result,) = v.results
+    # GX itself, the model the one-pass counts stand in for.
+    (gx_result,) = _run_gx(df, [check], "t__x_model")
+    unexpected = gx_result.result["unexpected_count"]
     dropped = 0 if v.dropped is None else v.dropped.count()
-    assert result.rows_failed == dropped == 5 - v.kept.count()
-    assert result.rows_checked == 5
+    assert result.rows_failed == dropped == 5 - v.kept.count() == unexpected
+    assert result.rows_checked == 5 == gx_result.result["element_count"]
     if dropped:
         assert result.outcome == "dropped"
         assert {r["_expectation"] for r in v.dropped.collect()} == {check.name}  # type: ignore[union-attr]
@@ -50,6 +55,41 @@ def test_each_row_goes_to_the_first_failing_drop_check(spark: SparkSession) -> N
     by_id = {r["id"]: r["_expectation"] for r in v.dropped.collect()}
     assert by_id == {2: "team_id_not_null", 3: "team_positive", 4: "team_positive"}
     assert sorted(r["id"] for r in v.kept.collect()) == [1, 5]
+
+
+def test_row_level_checks_cost_one_pass_over_the_batch(spark: SparkSession) -> None:
+    """Five row checks cost the Spark jobs of one: a gate must not read the batch once per check."""
+    df = spark.createDataFrame(ROWS, SCHEMA).persist()
+    df.count()
+    checks = (
+        not_null("team_id"),
+        between("team_id", low=0, high=10),
+        in_set("kind", ["edit", "create"]),
+        at_least_column("last_seen", "first_seen"),
+        not_null("kind", policy="warn"),
+    )
+    sc = spark.sparkContext
+
+    def jobs(group: str, suite: Suite) -> tuple[int, Any]:
+        sc.setJobGroup(group, "row checks")
+        try:
+            v = validate(df, suite)
+        finally:
+            sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+        return len(sc.statusTracker().getJobIdsForGroup(group)), v
+
+    one, _ = jobs("one-check", Suite("t/x", checks[:1]))
+    five, v = jobs("five-checks", Suite("t/x", checks))
+    assert five == one
+    # By hand: team null in row 2; out of 0..10 in rows 4 and 5; kind unknown in rows 3 and 5
+    # (null passes); last_seen < first_seen in row 3; kind null in row 4.
+    assert [(r.expectation, r.rows_failed, r.outcome) for r in v.results] == [
+        ("team_id_not_null", 1, "dropped"),
+        ("team_id_in_range", 2, "dropped"),
+        ("kind_known", 2, "dropped"),
+        ("last_seen_not_before_first_seen", 1, "dropped"),
+        ("kind_not_null", 1, "warned"),
+    ]
 
 
 def test_unique_ignores_rows_with_a_null_key_column(spark: SparkSession) -> None:
