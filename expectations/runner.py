@@ -198,14 +198,15 @@ def validate(df: DataFrame, suite: Suite, figures: DataFrame | None = None, rows
     by_name: dict[str, Result] = {}
     row_checks = [c for c in suite.checks if c.on == "rows" and c.row_level]
     if row_checks:
-        rows, failed_rows = row_counts(df, suite, row_checks)
+        counted, failed_rows = row_counts(df, suite, row_checks)
+        rows = counted
         for check, failed in zip(row_checks, failed_rows, strict=True):
             by_name[check.name] = Result(
                 suite.table,
                 check.name,
                 check.policy,
                 "row",
-                rows,
+                counted,
                 failed,
                 _outcome(check, failed == 0),
                 None,

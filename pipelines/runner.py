@@ -82,9 +82,7 @@ def after(store: TableStore, source: TableSpec, done: int | None, app: str) -> I
     return Increment(source, start, latest, app)
 
 
-def append_once(
-    store: TableStore, spec: TableSpec, data: pa.Table | DataFrame, txn: AppTxn | Sequence[AppTxn]
-) -> bool:
+def append_once(store: TableStore, spec: TableSpec, data: pa.Table | DataFrame, txn: AppTxn | Sequence[AppTxn]) -> bool:
     """Append unless ``spec`` already records ``txn`` (a redo after a crash). True when written.
 
     Several transactions are committed together, so the first one tells for all of them.

@@ -95,26 +95,41 @@ def test_every_stage_has_a_figure_or_says_why_not(bench: tuple[Path, dict[str, A
     assert peers["gold (stage 1 + 2)"]["ClickHouse fan-out + GROUP BY"] == "peer: ClickHouse fan-out + GROUP BY"
 
 
+def checked_peer(stages: dict[str, Any], table: str, name: str, label: str) -> dict[str, Any]:
+    """The one peer of stage ``name`` called ``label``, its ratio checked against the two medians
+    and shown in the stage's row of the table."""
+    s = stages[name]
+    (p,) = [p for p in s["peers"] if p["label"] == label]
+    peer = stages[p["stage"]]
+    assert peer["runs"] == s["runs"] and peer["unit"] == s["unit"], (name, label)
+    assert p["ratio"] == pytest.approx(s["median_per_s"] / peer["median_per_s"]), (name, label)
+    row = next(line for line in table.splitlines() if line.startswith(f"| {name} |"))
+    assert f"{p['ratio']:.2f}x of {label}" in row, row
+    return peer
+
+
 def test_every_spark_stage_has_a_plain_spark_ratio(bench: tuple[Path, dict[str, Any], str]) -> None:
     out, result, _ = bench
     stages = {s["stage"]: s for s in result["stages"]}
     table = (out / "bench.md").read_text()
     for name in SPARK_STAGES:
-        s = stages[name]
-        if s["runs"] == 0:  # skipped (no Tansu), and so is its peer
+        if stages[name]["runs"] == 0:  # skipped (no Tansu), and so is its peer
             assert f"plain Spark: {name}" not in stages, name
             continue
-        plain = [p for p in s["peers"] if p["label"] == "plain Spark"]
-        assert len(plain) == 1, (name, s["peers"])
-        peer = stages[plain[0]["stage"]]
-        assert peer["runs"] == s["runs"] and peer["unit"] == s["unit"] and peer["units"] == s["units"], name
-        assert plain[0]["ratio"] == pytest.approx(s["median_per_s"] / peer["median_per_s"]), name
+        peer = checked_peer(stages, table, name, "plain Spark")
+        assert peer["units"] == stages[name]["units"], name
         if name != "end to end (events)":  # the peer did the stage's work: as many rows out
             assert "as many as the stage's" in peer["note"], (name, peer["note"])
-        row = next(line for line in table.splitlines() if line.startswith(f"| {name} |"))
-        assert f"{plain[0]['ratio']:.2f}x of plain Spark" in row, row
     gold = {p["label"] for p in stages["gold (stage 1 + 2)"]["peers"]}
-    assert gold == {"plain Spark", "ClickHouse fan-out + GROUP BY"}, "the ClickHouse peer stays"
+    assert gold == {"plain Spark", "ClickHouse fan-out + GROUP BY", "gates off"}, "the ClickHouse peer stays"
+
+
+def test_every_gated_stage_is_measured_with_its_gates_off(bench: tuple[Path, dict[str, Any], str]) -> None:
+    out, result, _ = bench
+    stages = {s["stage"]: s for s in result["stages"]}
+    table = (out / "bench.md").read_text()
+    for name in SPARK_STAGES[:5]:  # the chain's stages, run with gates on and off
+        assert checked_peer(stages, table, name, "gates off")["stage"] == f"gates off: {name}"
 
 
 def test_two_stage_records_do_not_grow_with_pods(bench: tuple[Path, dict[str, Any], str]) -> None:

@@ -40,7 +40,9 @@ def test_delta_extension_only_for_the_delta_spark_engine(tmp_path: Path) -> None
 def test_local_delta_sessions_rebuild_table_state_in_few_tasks(tmp_path: Path) -> None:
     """Delta's defaults (50 tasks per table-state rebuild, a checkpoint every 10 commits) made a
     3,000-event demo take over 10 minutes on 2 cores; a user's own confs still win."""
-    ds = spark_confs(load_settings(lake_root=str(tmp_path), delta_engine="delta-spark", spark={"shuffle_partitions": 3}))
+    ds = spark_confs(
+        load_settings(lake_root=str(tmp_path), delta_engine="delta-spark", spark={"shuffle_partitions": 3})
+    )
     assert ds["spark.databricks.delta.snapshotPartitions"] == "3"
     assert ds["spark.databricks.delta.properties.defaults.checkpointInterval"] == "100"
     assert "spark.databricks.delta.snapshotPartitions" not in spark_confs(load_settings(lake_root=str(tmp_path)))
