@@ -185,13 +185,29 @@ def figures(summary_json: str, lake: Path) -> Any:
     return json.loads(summary_json.replace(str(lake), "<lake>"))
 
 
+def kll_quantiles(summary: Any) -> dict[tuple[int, str], float]:
+    """Take the KLL quantiles out of the summary: (window, p50_ms / p99_ms) -> value."""
+    return {
+        (i, k): window.pop(k)
+        for i, window in enumerate(summary["metrics"]["http_latency"])
+        for k in ("p50_ms", "p99_ms")
+    }
+
+
 @pytest.mark.slow
 def test_demo_on_delta_spark_gives_the_same_figures_as_on_delta_rs(lake: Path, delta_jars: str, tmp_path: Path) -> None:
     spark_lake = tmp_path / "lakehouse"
     engine = {"MEDALLION_DELTA_ENGINE": "delta-spark", "MEDALLION_DELTA_JARS": delta_jars}
     out = medallion(spark_lake, *SMALL_DEMO, settings_env=engine)
     assert out.returncode == 0, out.stderr
-    assert figures(out.stdout, spark_lake) == figures((lake.parent / "first.json").read_text(), lake)
+    on_spark, on_rs = figures(out.stdout, spark_lake), figures((lake.parent / "first.json").read_text(), lake)
+    # KLL sketches compact with a random coin (DataSketches), so two runs agree on quantiles within
+    # the sketch's rank error, not to the digit, whichever engine: every other figure is exact.
+    q_spark, q_rs = kll_quantiles(on_spark), kll_quantiles(on_rs)
+    assert on_spark == on_rs
+    assert q_spark.keys() == q_rs.keys() and q_rs
+    for key, value in q_rs.items():
+        assert q_spark[key] == pytest.approx(value, rel=0.05 if key[1] == "p50_ms" else 0.25), key
     # Written by Delta on Spark indeed: its commits carry Spark's engineInfo, delta-rs's do not.
     (last,) = DeltaTable(str(spark_lake / "gold/property_values")).history(1)
     assert "Delta-Lake/" in last.get("engineInfo", ""), last
