@@ -104,12 +104,12 @@ def ingest_files(ctx: Context, kind: str, paths: Sequence[Path]) -> RunRecord:
             # with nothing to quarantine, and the totals come from the same figures.
             bad_by_file = _rows_by_file(landed.bad)
             n_good, n_bad = sum(_rows_by_file(landed.good).values()), sum(bad_by_file.values())
-            # As many files per commit as the engine records app transactions in one; the
-            # quarantine rows first, under the same transactions, so a redo skips both.
+            # As many files per commit as the engine records app transactions in one. Quarantine
+            # rows go first, under their own files' transactions, so a redo after a crash between
+            # the two commits finds them recorded and does not quarantine them twice.
             step = ctx.store.max_txns_per_commit or len(files)
             for i in range(0, len(files), step):
                 group = files[i : i + step]
-                # A redo after a crash between the two commits finds its quarantine rows there.
                 bad = [
                     (b, t)
                     for b, t in group
