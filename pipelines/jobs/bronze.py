@@ -100,10 +100,10 @@ def ingest_files(ctx: Context, kind: str, paths: Sequence[Path]) -> RunRecord:
         landing = landing_table([b for b, _ in files], now)
         landed = parse_landing(ctx, record, kind, landing)
         try:
-            # Rows per file (one small row per file): quarantine commits are skipped for files
-            # with nothing to quarantine, and the totals come from the same figures.
+            # Quarantined rows per file (one small row per file): files with none get no
+            # quarantine commit. The good rows are only counted.
             bad_by_file = _rows_by_file(landed.bad)
-            n_good, n_bad = sum(_rows_by_file(landed.good).values()), sum(bad_by_file.values())
+            n_good, n_bad = landed.good.count(), sum(bad_by_file.values())
             # As many files per commit as the engine records app transactions in one. Quarantine
             # rows go first, under their own files' transactions, so a redo after a crash between
             # the two commits finds them recorded and does not quarantine them twice.
