@@ -46,11 +46,16 @@ BRONZE_EVENTS_COLUMNS = [f.name for f in BRONZE_EVENTS_SCHEMA.fields]
 
 def _object_text(prefix: str) -> tuple[Column, Column]:
     """(JSON text of an object field given as object or as JSON string, 'is bad' flag), from the
-    staged ``<prefix>_json`` / ``<prefix>_str`` / ``<prefix>_type`` columns."""
-    as_json, as_string, kind = F.col(f"{prefix}_json"), F.col(f"{prefix}_str"), F.col(f"{prefix}_type")
-    inner = F.to_json(F.try_parse_json(F.when(as_json.startswith('"'), as_string)))
-    text = F.when(as_json.startswith("{"), as_json).when(inner.startswith("{"), inner)
-    present = kind.isNotNull() & (kind != "VOID")
+    staged ``<prefix>`` (the field as a variant) and ``<prefix>_json`` (its JSON text) columns.
+
+    The text's first character tells the JSON type, so the field is rendered once: no type name
+    (which walks the whole object) and no second rendering as a string.
+    """
+    field, as_json = F.col(prefix), F.col(f"{prefix}_json")
+    is_string = as_json.startswith('"')
+    inner = F.to_json(F.try_parse_json(F.when(is_string, F.try_variant_get(field, "$", "string"))))
+    text = F.when(as_json.startswith("{"), as_json).when(is_string & inner.startswith("{"), inner)
+    present = as_json.isNotNull() & (as_json != "null")
     return text, present & text.isNull()
 
 
@@ -67,11 +72,7 @@ def _staged(v: Column) -> list[Column]:
     cols += [F.try_variant_get(v, f"$.{name}", "string").alias(f"_s_{name}") for name in REQUIRED_STRINGS]
     cols.append(F.try_variant_get(v, "$.team_id", "bigint").alias("_team_id"))
     for field in ("properties", "person_properties"):
-        cols += [
-            F.to_json(F.try_variant_get(v, f"$.{field}", "variant")).alias(f"_{field}_json"),
-            F.try_variant_get(v, f"$.{field}", "string").alias(f"_{field}_str"),
-            json_type(v, f"$.{field}").alias(f"_{field}_type"),
-        ]
+        cols.append(F.try_variant_get(v, f"$.{field}", "variant").alias(f"_{field}"))
     return cols
 
 
@@ -81,6 +82,9 @@ def parse_events(max_bytes: int) -> Callable[[DataFrame], DataFrame]:
     def transform(df: DataFrame) -> DataFrame:
         df = df.transform(with_parsed_json())
         staged = df.select("*", *_staged(F.col(PARSED)))
+        staged = staged.select(
+            "*", *(F.to_json(F.col(f"_{f}")).alias(f"_{f}_json") for f in ("properties", "person_properties"))
+        )
         properties, bad_properties = _object_text("_properties")
         person, bad_person = _object_text("_person_properties")
         timestamp = F.try_to_timestamp(F.col("_s_timestamp"))
