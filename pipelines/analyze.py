@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from bronze.landing import valid
 from bronze.page_changes import BRONZE_PAGE_CHANGES_COLUMNS, parse_page_changes
-from pipelines.sources.files import landing_table, read_records
+from pipelines.sources.files import file_digests, landing_rows
 from silver.page_changes import EVENT_COLUMNS, LAST_EMITTED_SCHEMA, dedup_run
 
 MODES = ("tumbling", "staggered")
@@ -41,8 +41,8 @@ class DedupFigure:
 
 def page_changes_from_files(spark: SparkSession, paths: list[Path], max_bytes: int) -> tuple[DataFrame, int]:
     """Page changes parsed from files exactly as bronze would land them, and the count rejected."""
-    batches = [read_records(p, Path(p).read_bytes()) for p in paths]
-    parsed = spark.createDataFrame(landing_table(batches, datetime.now(UTC))).transform(parse_page_changes(max_bytes))
+    landing = landing_rows(spark, file_digests(spark, paths), datetime.now(UTC))
+    parsed = landing.transform(parse_page_changes(max_bytes))
     good = valid(parsed, BRONZE_PAGE_CHANGES_COLUMNS)
     return good, parsed.count() - good.count()
 

@@ -13,10 +13,12 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
+from bronze.landing import LANDING_SCHEMA
 from pipelines.fixtures import PAGE_CHANGE_FILES
 from pipelines.settings import RemoteWriteSettings
-from pipelines.sources.files import FileBatch, landing_table, read_records
+from pipelines.sources.files import file_digests, landing_rows
 from pipelines.sources.remote_write_server import Receiver, serve
+from pipelines.storage.base import conform_df
 from pipelines.storage.deltars import DeltaRsStore
 from pipelines.tables import BRONZE_QUARANTINE, BRONZE_SAMPLES
 
@@ -24,17 +26,23 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def landing(spark: SparkSession, records: list[bytes], name: str = "/tmp/input.jsonl") -> DataFrame:
-    """A landing DataFrame (bronze parser input) holding ``records`` as one file batch."""
-    batch = FileBatch(Path(name), "0" * 64, records)
-    return spark.createDataFrame(landing_table([batch], NOW))
-
-
-def fixture_page_change_batches() -> list[FileBatch]:
-    return [read_records(p, p.read_bytes()) for p in PAGE_CHANGE_FILES]
+    """A landing DataFrame (bronze parser input) holding ``records`` as the records of one file."""
+    n = len(records)
+    table = pa.table(
+        {
+            "value": pa.array(records, pa.binary()),
+            "source": pa.array(["file"] * n, pa.string()),
+            "offset": pa.array(range(n), pa.int64()),
+            "source_file": pa.array([name] * n, pa.string()),
+            "ingest_time": pa.array([NOW] * n, pa.timestamp("us", tz="UTC")),
+            "batch_id": pa.array([f"file:{'0' * 16}"] * n, pa.string()),
+        }
+    )
+    return conform_df(spark.createDataFrame(table), LANDING_SCHEMA)
 
 
 def fixture_page_changes(spark: SparkSession) -> DataFrame:
-    return spark.createDataFrame(landing_table(fixture_page_change_batches(), NOW))
+    return landing_rows(spark, file_digests(spark, PAGE_CHANGE_FILES), NOW)
 
 
 PROM_HEADERS = {

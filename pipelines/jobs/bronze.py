@@ -21,7 +21,7 @@ from pipelines.errors import InputError
 from pipelines.eventlog import RunRecord
 from pipelines.runner import Context, append_once, run_job
 from pipelines.sources import kafka
-from pipelines.sources.files import FileBatch, landing_table, read_records
+from pipelines.sources.files import LandingFile, file_digests, landing_rows
 from pipelines.storage import AppTxn
 from pipelines.tables import BRONZE_EVENTS, BRONZE_PAGE_CHANGES, BRONZE_QUARANTINE
 
@@ -46,14 +46,15 @@ class Landed:
         self.cached.unpersist()
 
 
-def parse_landing(ctx: Context, record: RunRecord, kind: str, landing: pa.Table) -> Landed:
+def parse_landing(ctx: Context, record: RunRecord, kind: str, landing: pa.Table | DataFrame) -> Landed:
     """Landing rows -> the rows for the bronze table of ``kind`` and for the quarantine, one parse.
 
     The parsed rows are validated with the bronze table's suite; rows a ``drop`` expectation
     removes join the quarantine rows, so both land in the same commits as the batch.
     """
     target, parser, columns = KINDS[kind]
-    parsed = ctx.spark.createDataFrame(landing).transform(parser(ctx.settings.kafka.max_message_bytes)).persist()
+    rows = ctx.spark.createDataFrame(landing) if isinstance(landing, pa.Table) else landing
+    parsed = rows.transform(parser(ctx.settings.kafka.max_message_bytes)).persist()
     good, bad = valid(parsed, columns), quarantined(parsed, kind)
     if quality.enabled(ctx):
         checked = quality.run_suite(ctx, record, quality.suite_for(ctx, target.key).for_batches(), good)
@@ -63,7 +64,7 @@ def parse_landing(ctx: Context, record: RunRecord, kind: str, landing: pa.Table)
     return Landed(good, bad, parsed)
 
 
-def _of(files: Sequence[tuple[FileBatch, AppTxn]]) -> Column:
+def _of(files: Sequence[tuple[LandingFile, AppTxn]]) -> Column:
     return F.col("source_file").isin([str(b.path) for b, _ in files])
 
 
@@ -82,22 +83,19 @@ def ingest_files(ctx: Context, kind: str, paths: Sequence[Path]) -> RunRecord:
         for spec in (target, BRONZE_QUARANTINE):
             ctx.store.ensure(spec)
         now = datetime.now(UTC)
-        files: list[tuple[FileBatch, AppTxn]] = []
-        for path in paths:
-            content = Path(path).read_bytes() if Path(path).is_file() else None
-            if content is None:
-                raise InputError(f"{path}: no such file")
-            batch = read_records(path, content)
-            txn = AppTxn(f"medallion/ingest-file/{kind}/{batch.digest}", 0)
-            seen = any(b.digest == batch.digest for b, _ in files)
+        files: list[tuple[LandingFile, AppTxn]] = []
+        for f in file_digests(ctx.spark, paths):
+            txn = AppTxn(f"medallion/ingest-file/{kind}/{f.digest}", 0)
+            seen = any(b.digest == f.digest for b, _ in files)
             if seen or ctx.store.txn_version(target, txn.app_id) is not None:
                 record.add(files_skipped=record.metrics.get("files_skipped", 0) + 1)
                 continue
-            files.append((batch, txn))
+            files.append((f, txn))
         if not files:
             record.noop("every file was landed before")
             return
-        landing = landing_table([b for b, _ in files], now)
+        # Spark reads the files and splits them into records: no file passes through the driver.
+        landing = landing_rows(ctx.spark, [f for f, _ in files], now)
         landed = parse_landing(ctx, record, kind, landing)
         try:
             # Quarantined rows per file (one small row per file): files with none get no
@@ -120,7 +118,7 @@ def ingest_files(ctx: Context, kind: str, paths: Sequence[Path]) -> RunRecord:
                 append_once(ctx.store, target, landed.good.where(_of(group)), [t for _, t in group])
         finally:
             landed.release()
-        record.rows_in = landing.num_rows
+        record.rows_in = n_good + n_bad
         record.rows_out = n_good
         record.add(files=len(files), quarantined=n_bad)
         ctx.say(f"landed {n_good:,} {kind} from {len(files)} file(s), {n_bad:,} quarantined")

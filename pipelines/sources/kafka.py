@@ -27,16 +27,18 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.sql.pandas.types import to_arrow_schema
 
+from bronze.landing import LANDING_SCHEMA
 from pipelines.errors import InputError
 from pipelines.settings import KafkaSettings
-from pipelines.sources.files import LANDING_ARROW_SCHEMA
 from pipelines.storage import AppTxn, TableSpec, TableStore
 from pipelines.storage.base import conform
 
 log = logging.getLogger("medallion.kafka")
 
 TopicPartition = tuple[str, int]
+LANDING_ARROW_SCHEMA = to_arrow_schema(LANDING_SCHEMA, timezone="UTC")
 
 
 def app_id(group: str, topic: str, partition: int) -> str:
