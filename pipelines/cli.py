@@ -788,8 +788,8 @@ def _cell(v: Any) -> str:
 def bench(state: State, size: str, out_dir: Path | None, repeats: int | None) -> None:
     """Benchmark every stage on seeded synthetic data, with peers, reduction and scaling figures.
 
-    Writes bench.md, bench.json, bench.png and scaling.png. S takes about four minutes on 2 cores
-    (and runs in CI); M about fifteen; L is for bigger machines.
+    Writes bench.md, bench.json, bench.png and scaling.png. S takes about five minutes on 2 cores
+    (and runs in CI); M about thirty; L is for bigger machines.
     """
     from pipelines.bench.run import run_bench
     from pipelines.spark import build_spark
