@@ -11,7 +11,7 @@ help: ## Show the targets
 
 $(BIN)/medallion: pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[local,dev]'
 	@touch $@
 
 .PHONY: install
