@@ -10,6 +10,7 @@ import json
 import os
 import re
 import tomllib
+import warnings
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -44,6 +45,13 @@ class SparkSettings(_Section):
     master: str | None = Field(
         default=None,
         description="Spark master; unset means what spark-submit/the cluster gives, else local[2]",
+    )
+    remote: str | None = Field(
+        default=None,
+        description=(
+            "Spark Connect: sc://host:port of a Connect server, or local[N] to start one here; "
+            "unset means a classic session"
+        ),
     )
     app_name: str = "medallion"
     shuffle_partitions: int = Field(default=4, ge=1, le=100_000)
@@ -197,6 +205,11 @@ def redact_url(url: str) -> str:
     return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
 
 
+# ``schema`` is the settings' name for the catalog schema; pydantic's deprecated ``BaseModel.schema``
+# method is what it shadows, and nothing here calls that.
+warnings.filterwarnings("ignore", message='Field name "schema" in "Settings" shadows')
+
+
 class Settings(BaseSettings):
     """All settings of the pipeline. Build with :func:`load_settings` for friendly errors."""
 
@@ -215,6 +228,11 @@ class Settings(BaseSettings):
         default_factory=list, description="Delta jars put on the JVM classpath (delta-spark engine)"
     )
     storage_options: dict[str, str] = Field(default_factory=dict, description="delta-rs object-store options")
+    catalog: str | None = Field(
+        default=None,
+        description="with schema: tables are <catalog>.<schema>.<layer>_<name> in the metastore (delta-spark)",
+    )
+    schema: str | None = Field(default=None, description="the catalog schema (database) of the tables")  # type: ignore[assignment]
     spark: SparkSettings = Field(default_factory=SparkSettings)
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
@@ -238,6 +256,10 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _defaults(self) -> Settings:
+        if (self.catalog is None) != (self.schema is None):
+            raise ValueError("catalog and schema are set together (tables are <catalog>.<schema>.<layer>_<name>)")
+        if self.catalog is not None and self.delta_engine != "delta-spark":
+            raise ValueError("tables by catalog name need delta_engine=delta-spark (delta-rs reads tables by path)")
         if self.clickhouse.dsn is None:
             if "://" in self.lake_root:
                 raise ValueError("clickhouse.dsn must be set when lake_root is a remote URL")

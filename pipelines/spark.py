@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -94,14 +95,47 @@ def spark_confs(settings: Settings) -> dict[str, str]:
     return confs
 
 
+def _runtime_confs(confs: dict[str, str]) -> dict[str, str]:
+    """The confs a running session takes: SQL confs, less the static ones set at its start."""
+    return {
+        k: v
+        for k, v in confs.items()
+        if k.startswith("spark.sql.") and k not in DELTA_CONFS and k != "spark.sql.warehouse.dir"
+    }
+
+
+def build_connect(settings: Settings, confs: dict[str, str]) -> SparkSession:
+    """A Spark Connect session: ``sc://host:port`` reaches a running Connect server (serverless
+    and standard-access compute work this way), ``local[N]`` starts one here with every conf."""
+    remote = settings.spark.remote
+    assert remote is not None
+    if remote.startswith("sc://"):
+        spark = SparkSession.builder.remote(remote).getOrCreate()
+        for key, value in _runtime_confs(confs).items():
+            spark.conf.set(key, value)
+        return spark
+    check_java()
+    if not os.environ.get("PYSPARK_PYTHON"):
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+    builder = SparkSession.builder.remote(remote).appName(settings.spark.app_name)
+    for key, value in confs.items():
+        builder = builder.config(key, value)
+    with warnings.catch_warnings():
+        # The local server starts with every conf; the client then sets them again on its
+        # session, and Spark refuses the static ones it already has ("Failed to set ...").
+        warnings.filterwarnings("ignore", message="Failed to set spark")
+        return builder.getOrCreate()
+
+
 def build_spark(settings: Settings) -> SparkSession:
     """Return the SparkSession for these settings (reusing an active one on a cluster)."""
     confs = spark_confs(settings)
+    if settings.spark.remote:
+        return build_connect(settings, confs)
     if _under_cluster_manager():
         spark = SparkSession.builder.getOrCreate()
-        for key, value in confs.items():
-            if key.startswith("spark.sql.") and key not in DELTA_CONFS and key != "spark.sql.warehouse.dir":
-                spark.conf.set(key, value)
+        for key, value in _runtime_confs(confs).items():
+            spark.conf.set(key, value)
         return spark
 
     check_java()
@@ -123,13 +157,17 @@ def build_spark(settings: Settings) -> SparkSession:
 
 
 def has_delta_classes(spark: SparkSession) -> bool:
-    """True when the Delta Lake JVM classes are on this session's classpath."""
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
+    """True when this session can read Delta: the Delta Lake classes are on its classpath.
+
+    Asked of the session itself (the ``delta`` source resolves, or Spark names it as missing), so
+    it holds over Spark Connect too, where no JVM is at hand.
+    """
+    probe = f"{spark.conf.get('spark.sql.warehouse.dir', '/tmp')}/_medallion_delta_probe_missing"
     try:
-        jvm.java.lang.Class.forName(
-            "io.delta.tables.DeltaTable", True, jvm.java.lang.Thread.currentThread().getContextClassLoader()
-        )
-    except Exception:
-        return False
+        spark.read.format("delta").load(probe).schema  # noqa: B018 (resolving it is the probe)
+    except Exception as exc:
+        text = str(exc)
+        if "DATA_SOURCE_NOT_FOUND" in text or "Failed to find the data source" in text:
+            return False
+        return True  # the source resolved; the probe path is (meant to be) missing
     return True
