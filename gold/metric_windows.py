@@ -98,12 +98,59 @@ def merge_cms(blobs: Iterable[bytes | None]) -> bytes | None:
     return _CMS_HEADER.pack(1, total, *shape) + seeds + table.astype(">i8").tobytes()
 
 
-def cms_estimate(spark: SparkSession, blob: bytes, items: Sequence[str]) -> list[int]:
-    """Estimated counts of ``items`` in a sketch, by Spark's own CountMinSketch (same hashing)."""
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    sketch = jvm.org.apache.spark.util.sketch.CountMinSketch.readFrom(bytearray(blob))
-    return [int(sketch.estimateCount(item)) for item in items]
+_M32 = 0xFFFFFFFF
+
+
+def _rotl(x: int, r: int) -> int:
+    return ((x << r) | (x >> (32 - r))) & _M32
+
+
+def _mix(h1: int, k1: int) -> int:
+    k1 = _rotl((k1 * 0xCC9E2D51) & _M32, 15) * 0x1B873593 & _M32
+    h1 = _rotl(h1 ^ k1, 13)
+    return (h1 * 5 + 0xE6546B64) & _M32
+
+
+def _signed(x: int) -> int:
+    return x - (1 << 32) if x & 0x80000000 else x
+
+
+def spark_murmur3(data: bytes, seed: int) -> int:
+    """Spark's ``Murmur3_x86_32.hashUnsafeBytes`` (a signed 32-bit int): Murmur3 over the
+    little-endian 4-byte words, then each trailing byte mixed in as a whole sign-extended word,
+    where standard Murmur3 packs them into one."""
+    h1 = seed & _M32
+    aligned = len(data) - len(data) % 4
+    for (word,) in struct.iter_unpack("<I", data[:aligned]):
+        h1 = _mix(h1, word)
+    for byte in data[aligned:]:
+        h1 = _mix(h1, (byte - 256 if byte > 127 else byte) & _M32)
+    h1 ^= len(data)
+    h1 ^= h1 >> 16
+    h1 = (h1 * 0x85EBCA6B) & _M32
+    h1 ^= h1 >> 13
+    h1 = (h1 * 0xC2B2AE35) & _M32
+    h1 ^= h1 >> 16
+    return _signed(h1)
+
+
+def cms_estimate(blob: bytes, items: Sequence[str]) -> list[int]:
+    """Estimated counts of ``items`` in a Spark count-min sketch, as Spark's ``CountMinSketchImpl``
+    estimates a string: its UTF-8 bytes hashed twice (seed 0, then the first hash), row ``i``'s
+    bucket ``|(h1 + i * h2) % width|`` in Java's 32-bit arithmetic, the least counter of the rows."""
+    version, _, depth, width = _CMS_HEADER.unpack_from(blob)
+    if version != 1:
+        raise ValueError(f"count-min sketch version {version} is not Spark's version 1")
+    start = _CMS_HEADER.size + 8 * depth
+    table = np.frombuffer(blob, dtype=">i8", offset=start, count=depth * width).reshape(depth, width)
+    out = []
+    for item in items:
+        data = item.encode("utf-8")
+        h1 = spark_murmur3(data, 0)
+        h2 = spark_murmur3(data, h1)
+        buckets = [abs(int(np.fmod(_signed((h1 + i * h2) & _M32), width))) for i in range(depth)]
+        out.append(int(min(table[i, b] for i, b in enumerate(buckets))))
+    return out
 
 
 # -- windows --------------------------------------------------------------------------------------
@@ -250,7 +297,7 @@ def answer(
         for row in out:
             blob, candidates = row.pop("frequency"), row.pop("top_values") or {}
             items = [k for k, _ in candidates] if isinstance(candidates, list) else list(candidates)
-            counts = cms_estimate(spark, blob, items) if blob and items else []
+            counts = cms_estimate(blob, items) if blob and items else []
             ranked = sorted(zip(items, counts, strict=True), key=lambda kv: (-kv[1], kv[0]))[:top]
             row["top"] = ranked
             row["frequency_total"] = _cms_total(blob)
