@@ -662,6 +662,47 @@ def validate(state: State, tables: tuple[str, ...], as_json: bool) -> None:
         raise click.exceptions.Exit(1)
 
 
+@cli.command()
+@click.option(
+    "--table", "tables", multiple=True, metavar="LAYER/NAME", help="Only this table (repeatable; default: all)."
+)
+@click.option(
+    "--vacuum-hours", default=168, show_default=True, help="VACUUM deletes unreferenced files older than this."
+)
+@click.option("--force-short-retention", is_flag=True, help="Allow --vacuum-hours under 168 (7 days).")
+@click.pass_obj
+def maintain(state: State, tables: tuple[str, ...], vacuum_hours: int, force_short_retention: bool) -> None:
+    """OPTIMIZE every table (compact small files, state tables included), then VACUUM it.
+
+    Tables not created yet are skipped. A table that fails (say a conflict with a pipeline write)
+    is reported and the others go on; the command then exits 1.
+    """
+    from rich.markup import escape
+
+    from pipelines.maintenance import check_retention, maintain_tables, select_tables
+
+    check_retention(vacuum_hours, force_short_retention)  # before Spark starts
+    specs = select_tables(tables)
+    ctx = state.context()
+    done = maintain_tables(ctx.store, specs, vacuum_hours, force_short_retention, say=ctx.say)
+    t = Table(title=f"Maintenance under {ctx.settings.lake_root} (VACUUM {vacuum_hours} h)", title_justify="left")
+    for col in ("table", "status", "files before", "files after", "vacuumed", "seconds"):
+        t.add_column(col, justify="left" if col in ("table", "status") else "right")
+    for m in done:
+        ran = m.status != "missing"
+        t.add_row(
+            m.table,
+            {"done": "done", "missing": "[dim]not created yet[/]"}.get(m.status, f"[bold red]{escape(m.status)}[/]"),
+            str(m.files_before) if ran else "-",
+            str(m.files_after) if ran else "-",
+            "-" if m.vacuumed is None else str(m.vacuumed),
+            f"{m.seconds:.1f}" if ran else "-",
+        )
+    console.print(t)
+    if any(m.status.startswith("failed") for m in done):
+        raise click.exceptions.Exit(1)
+
+
 @cli.group()
 def counters() -> None:
     """Counters from the registry named by counters.registry."""
