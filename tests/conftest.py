@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,7 +14,8 @@ from pipelines.settings import Settings, load_settings
 from pipelines.spark import build_spark, has_delta_classes
 from pipelines.storage import TableStore, open_store
 
-# Real servers for integration tests: kafka_broker, node_exporter, prometheus_factory, vmagent_factory.
+# Real servers for integration tests: kafka_broker, node_exporter, prometheus_factory, vmagent_factory,
+# spark_cluster.
 pytest_plugins = ["tests.infra"]
 # Imported here too (for require_or_skip), so register it for assert rewriting before that import.
 pytest.register_assert_rewrite("tests.infra")
@@ -30,15 +32,29 @@ NO_DELTA_JARS = (
 )
 
 
+#: Set (e.g. to ``local[2]``), the test session is a Spark Connect session on that remote:
+#: ``tests/pipelines/test_connect.py`` runs the job suite this way in a child pytest.
+REMOTE_ENV = "MEDALLION_TEST_SPARK_REMOTE"
+#: Set to a catalog (e.g. ``spark_catalog``), the delta-spark engine under test names its tables
+#: ``<catalog>.medallion_<lake>.<layer>_<name>``: ``tests/pipelines/test_catalog.py`` runs the job
+#: suite this way in a child pytest.
+CATALOG_ENV = "MEDALLION_TEST_CATALOG"
+
+
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
+    remote = os.environ.get(REMOTE_ENV) or None
     settings = load_settings(
         lake_root=str(tmp_path_factory.mktemp("spark-lake")),
-        spark={"shuffle_partitions": 2, "master": "local[2]", "driver_memory": "2g"},
+        spark={"shuffle_partitions": 2, "master": "local[2]", "driver_memory": "2g", "remote": remote},
         # With jars given, the session gets the Delta extension so the delta-spark engine can run.
         delta_engine="delta-spark" if os.environ.get(DELTA_JARS_ENV) else "delta-rs",
     )
     session = build_spark(settings)
+    if remote:
+        from pyspark.sql.utils import is_remote
+
+        assert is_remote(), f"{REMOTE_ENV}={remote} but the test session is not a Spark Connect session"
     yield session
     session.stop()
 
@@ -89,6 +105,11 @@ def engine_settings(engine: str) -> Callable[..., Settings]:
     """``engine_settings(lake_root, **overrides)``: settings for a lake on the engine under test."""
 
     def build(lake_root: Path | str, **overrides: object) -> Settings:
+        catalog = os.environ.get(CATALOG_ENV)
+        if catalog and engine == "delta-spark":
+            # One schema per lake: tests share the session's catalog, never its tables.
+            digest = hashlib.sha1(str(lake_root).encode()).hexdigest()[:12]
+            overrides = {"catalog": catalog, "schema": f"medallion_{digest}", **overrides}
         return load_settings(lake_root=str(lake_root), delta_engine=engine, **overrides)
 
     return build

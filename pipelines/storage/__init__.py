@@ -26,7 +26,7 @@ def open_store(settings: Settings, spark: SparkSession | None) -> TableStore:
     if settings.delta_engine == "delta-spark":
         from pipelines.storage.deltaspark import DeltaSparkStore
 
-        return DeltaSparkStore(spark, settings.lake_root, settings.storage_options)
+        return DeltaSparkStore(spark, settings.lake_root, settings.storage_options, settings.catalog, settings.schema)
     from pipelines.storage.deltars import DeltaRsStore
 
     return DeltaRsStore(spark, settings.lake_root, settings.storage_options)

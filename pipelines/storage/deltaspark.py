@@ -15,6 +15,7 @@ small Spark reads of the table's ``_delta_log``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -95,7 +96,16 @@ class DeltaSparkStore(TableStore):
     engine = "delta-spark"
     max_txns_per_commit = 1
 
-    def __init__(self, spark: SparkSession | None, lake_root: str, storage_options: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        spark: SparkSession | None,
+        lake_root: str,
+        storage_options: Mapping[str, str] | None = None,
+        catalog: str | None = None,
+        schema: str | None = None,
+    ):
+        if (catalog is None) != (schema is None):
+            raise StorageError("tables by name need both a catalog and a schema")
         if spark is None:
             raise EngineUnavailableError("the delta-spark engine needs a SparkSession")
         super().__init__(spark, lake_root, storage_options)
@@ -109,11 +119,38 @@ class DeltaSparkStore(TableStore):
             spark.conf.set(key, value)
         #: (table location, table version) -> app id -> version: the log read once per version.
         self._txn_cache: dict[tuple[str, int], dict[str, int | None]] = {}
+        self.catalog, self.schema = catalog, schema
+        self._registered: set[str] = set()
 
     # -- naming -----------------------------------------------------------------------------
+    def name(self, spec: TableSpec) -> str | None:
+        """The table's catalog name, ``<catalog>.<schema>.<layer>_<name>`` (None: tables by path)."""
+        if self.catalog is None or self.schema is None:
+            return None
+        return f"{quote(self.catalog)}.{quote(self.schema)}.{quote(spec.view_name)}"
+
     def ident(self, spec: TableSpec) -> str:
-        """How SQL names the table."""
+        """How SQL names the table: its catalog name, registered on first use, else its path."""
+        name = self.name(spec)
+        if name is None:
+            return self._by_path(spec)
+        if name not in self._registered:
+            self._register(spec, name)
+        return name
+
+    def _by_path(self, spec: TableSpec) -> str:
         return f"delta.{quote(self.path(spec))}"
+
+    def _register(self, spec: TableSpec, name: str) -> None:
+        """Name the table in the catalog if its files exist but the catalog does not know it yet:
+        an external table over ``<lake_root>/<layer>/<name>`` (a metastore that persists, Unity
+        Catalog or Hive, knows it from then on; Spark's in-memory one, per session)."""
+        if not self.spark.catalog.tableExists(name.replace("`", "")):
+            if self._last_commit_of(self._by_path(spec)) is None:
+                return  # no table yet: ensure() creates it by name
+            self.spark.sql(f"CREATE SCHEMA IF NOT EXISTS {quote(self.catalog or '')}.{quote(self.schema or '')}")
+            self.spark.sql(f"CREATE TABLE IF NOT EXISTS {name} USING DELTA LOCATION {sql_string(self.path(spec))}")
+        self._registered.add(name)
 
     def location(self, spec: TableSpec) -> str:
         """Where the table's files (and ``_delta_log``) are."""
@@ -158,7 +195,10 @@ class DeltaSparkStore(TableStore):
     def ensure(self, spec: TableSpec) -> bool:
         if self.exists(spec):
             return False
-        parts = [f"CREATE TABLE IF NOT EXISTS {self.ident(spec)} ({column_ddl(spec.schema)}) USING DELTA"]
+        name = self.name(spec)
+        if name is not None:
+            self.spark.sql(f"CREATE SCHEMA IF NOT EXISTS {quote(self.catalog or '')}.{quote(self.schema or '')}")
+        parts = [f"CREATE TABLE IF NOT EXISTS {name or self._by_path(spec)} ({column_ddl(spec.schema)}) USING DELTA"]
         if spec.partition_by:
             parts.append("PARTITIONED BY (" + ", ".join(quote(c) for c in spec.partition_by) + ")")
         if spec.description:
@@ -168,7 +208,12 @@ class DeltaSparkStore(TableStore):
             parts.append(
                 "TBLPROPERTIES (" + ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in props.items()) + ")"
             )
+        if name is not None:
+            # External: the files stay at the lake path, whichever metastore names them.
+            parts.append(f"LOCATION {sql_string(self.path(spec))}")
         self.spark.sql(" ".join(parts))
+        if name is not None:
+            self._registered.add(name)
         return True
 
     # -- writes -----------------------------------------------------------------------------
@@ -191,7 +236,11 @@ class DeltaSparkStore(TableStore):
         return self._version(spec)
 
     def _save(self, spec: TableSpec, writer: Any) -> None:
-        writer.save(self.path(spec))
+        name = self.name(spec)
+        if name is None:
+            writer.save(self.path(spec))
+        else:
+            writer.saveAsTable(self.ident(spec))
 
     def merge(
         self,
@@ -228,7 +277,10 @@ class DeltaSparkStore(TableStore):
 
     # -- reads ------------------------------------------------------------------------------
     def read(self, spec: TableSpec, where: str | None = None) -> DataFrame:
-        df = self.spark.read.format("delta").load(self.path(spec))
+        if self.name(spec) is None:
+            df = self.spark.read.format("delta").load(self.path(spec))
+        else:
+            df = self.spark.table(self.ident(spec))
         return df.where(where) if where else df
 
     def read_changes(self, spec: TableSpec, start_version: int, end_version: int | None = None) -> DataFrame:
@@ -237,18 +289,18 @@ class DeltaSparkStore(TableStore):
         )
         if end_version is not None:
             reader = reader.option("endingVersion", end_version)
-        return reader.load(self.path(spec))
+        return reader.load(self.path(spec)) if self.name(spec) is None else reader.table(self.ident(spec))
 
     def _last_commit(self, spec: TableSpec) -> Any:
         """The latest commit's history row (Delta reads only the newest commit file), or None."""
+        return self._last_commit_of(self.ident(spec))
+
+    def _last_commit_of(self, ident: str) -> Any:
         try:
-            return self._history(spec, 1).first()
+            return self.spark.sql(f"DESCRIBE HISTORY {ident} LIMIT 1").first()
         except AnalysisException as exc:
-            if (
-                "DELTA_MISSING_DELTA_TABLE" in str(exc)
-                or "PATH_NOT_FOUND" in str(exc)
-                or "not a Delta table" in str(exc)
-            ):
+            missing = ("DELTA_MISSING_DELTA_TABLE", "PATH_NOT_FOUND", "not a Delta table", "TABLE_OR_VIEW_NOT_FOUND")
+            if any(s in str(exc) for s in missing):
                 return None
             raise
 
@@ -329,17 +381,26 @@ class DeltaSparkStore(TableStore):
         return found
 
     def _checkpoint_version(self, log: str, version: int) -> int | None:
-        """The version of the newest checkpoint named by ``_last_checkpoint`` if at or before
-        ``version`` (a commit's JSON stays until it is older than a checkpoint, so reading from
-        an older checkpoint is also right, only longer)."""
+        """The newest complete checkpoint at or before ``version``, from the log's file names.
+
+        ``_last_checkpoint`` would name it, but Spark's file sources skip files whose names start
+        with ``_``, so the checkpoint files are listed instead (``binaryFile`` lists them without
+        reading them): one file for a classic or V2 checkpoint, all ``n`` parts of a multi-part
+        one (a crash can leave some parts of a newer one written; Delta then reads the older).
+        """
         try:
-            rows = self.spark.read.schema("version long").json(f"{log}/_last_checkpoint").collect()
+            names = (
+                self.spark.read.format("binaryFile")
+                .load(f"{log}/*.checkpoint*.parquet")
+                .select(F.regexp_extract("path", r"[^/]+$", 0).alias("name"))
+            )
+            # One row per checkpoint file: a listing, not row data.
+            listed = [r["name"] for r in names.collect()]
         except AnalysisException as exc:
             if "PATH_NOT_FOUND" in str(exc) or "does not exist" in str(exc):
                 return None
             raise
-        found = [int(r["version"]) for r in rows if r["version"] is not None]
-        return found[0] if found and found[0] <= version else None
+        return newest_checkpoint(listed, version)
 
     def stats(self, spec: TableSpec) -> TableStats:
         last = self._last_commit(spec)
@@ -367,3 +428,18 @@ class DeltaSparkStore(TableStore):
     def vacuum(self, spec: TableSpec, retention_hours: int = 168) -> list[str]:
         self.spark.sql(f"VACUUM {self.ident(spec)} RETAIN {int(retention_hours)} HOURS")
         return []
+
+
+def newest_checkpoint(names: Sequence[str], version: int) -> int | None:
+    """The newest complete checkpoint at or before ``version`` among ``_delta_log`` file names."""
+    parts: dict[tuple[int, int], set[int]] = {}
+    complete: set[int] = set()
+    for name in names:
+        multi = re.fullmatch(r"(\d{20})\.checkpoint\.(\d{10})\.(\d{10})\.parquet", name)
+        if multi:
+            v, part, of = (int(g) for g in multi.groups())
+            parts.setdefault((v, of), set()).add(part)
+        elif single := re.fullmatch(r"(\d{20})\.checkpoint(\.[0-9a-f-]{36})?\.parquet", name):
+            complete.add(int(single.group(1)))
+    complete |= {v for (v, of), seen in parts.items() if seen == set(range(1, of + 1))}
+    return max((v for v in complete if v <= version), default=None)

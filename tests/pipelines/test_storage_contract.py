@@ -83,6 +83,30 @@ def test_app_transaction_is_recorded_in_the_same_commit(store: TableStore, spark
     assert store.version(SPEC) == v + 1
 
 
+def test_app_transactions_survive_checkpoints_and_the_cleanup_of_older_commits(
+    store: TableStore, spark: SparkSession
+) -> None:
+    """Versions are read where the log keeps them: a checkpoint every 2 commits folds older ones
+    in, and once the commit files before it are gone, the checkpoint alone still tells."""
+    spec = TableSpec("test", "checkpointed", SCHEMA, properties={"delta.checkpointInterval": "2"})
+    store.ensure(spec)
+    expected: dict[str, int | None] = {"a": None, "b": None, "c": None}
+    for i, app in enumerate(["a", "b", "a", "b", "a", "c", "b"]):
+        store.append(spec, rows(spark, [(app, 1, i, T0)]), txns=[AppTxn(app, 10 * i)])
+        expected[app] = 10 * i
+        assert {a: store.txn_version(spec, a) for a in expected} == expected, f"after commit {i + 1}"
+    log = Path(store.path(spec)) / "_delta_log"
+    checkpoints = sorted(log.glob("*.checkpoint*.parquet"))
+    assert checkpoints, "the table property asked for checkpoints"
+    newest = int(checkpoints[-1].name.split(".")[0])
+    for commit in log.glob("*.json"):
+        if commit.name[0].isdigit() and int(commit.name.split(".")[0]) < newest:
+            commit.unlink()  # what log cleanup does to commits older than a checkpoint
+    fresh = type(store)(spark, store.lake_root)
+    assert {a: fresh.txn_version(spec, a) for a in expected} == expected
+    assert fresh.txn_version(spec, "never") is None
+
+
 def test_a_commit_records_as_many_app_transactions_as_the_engine_allows(store: TableStore, spark: SparkSession) -> None:
     store.ensure(SPEC)
     two = [AppTxn("g/t/0", 41), AppTxn("g/t/1", 99)]
@@ -188,3 +212,19 @@ def test_overwrite_replaces_every_row_and_records_the_txn(store: TableStore, spa
     store.overwrite(SPEC, rows(spark, [("z", 3, 9, T0)]), txns=[AppTxn("state", 4)])
     assertDataFrameEqual(store.read(SPEC), rows(spark, [("z", 3, 9, T0)]))
     assert store.txn_version(SPEC, "state") == 4
+
+
+def test_the_newest_complete_checkpoint_is_the_one_read() -> None:
+    from pipelines.storage.deltaspark import newest_checkpoint
+
+    def v(n: int) -> str:
+        return f"{n:020d}"
+
+    classic, v2 = f"{v(2)}.checkpoint.parquet", f"{v(8)}.checkpoint.80a083e8-7026-4e79-81be-64bd76c43a11.parquet"
+    half = [f"{v(6)}.checkpoint.0000000001.0000000002.parquet"]  # a crash wrote 1 of 2 parts
+    whole = [*half, f"{v(6)}.checkpoint.0000000002.0000000002.parquet"]
+    assert newest_checkpoint([classic, *half], 7) == 2
+    assert newest_checkpoint([classic, *whole], 7) == 6
+    assert newest_checkpoint([classic, *whole, v2], 7) == 6  # not after the version asked about
+    assert newest_checkpoint([classic, *whole, v2], 8) == 8
+    assert newest_checkpoint([f"{v(3)}.json", "_last_checkpoint"], 3) is None

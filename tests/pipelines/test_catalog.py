@@ -1,0 +1,88 @@
+"""Tables by name: with ``catalog`` and ``schema`` set, every table is the external Delta table
+``<catalog>.<schema>.<layer>_<name>`` over its lake folder, read, written and merged by name.
+
+Locally the catalog is Spark's session catalog (warehouse under the lake); on Databricks it is
+Unity Catalog. The session catalog here lives as long as the session, so a new process finds the
+tables again by registering the lake's folders: that is what a second store does below.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import SparkSession
+from pyspark.testing import assertDataFrameEqual
+
+from pipelines.settings import load_settings
+from pipelines.storage import AppTxn, open_store
+from tests.conftest import CATALOG_ENV
+from tests.pipelines.test_storage_contract import SCHEMA, SPEC, T0, rows
+from tests.suites import run_child_suite
+
+
+def store_in(spark: SparkSession, lake: Path, schema: str):  # type: ignore[no-untyped-def]
+    settings = load_settings(lake_root=str(lake), delta_engine="delta-spark", catalog="spark_catalog", schema=schema)
+    return open_store(settings, spark)
+
+
+def test_tables_are_external_catalog_tables_read_written_and_merged_by_name(
+    delta_spark: SparkSession, tmp_path: Path
+) -> None:
+    spark = delta_spark
+    store = store_in(spark, tmp_path / "lake", "medallion_names")
+    assert store.ensure(SPEC) is True
+    name = "spark_catalog.medallion_names.test_things"
+    detail = spark.sql(f"DESCRIBE DETAIL {name}").first()
+    assert detail["location"].rstrip("/").endswith(f"{tmp_path}/lake/test/things")
+    assert detail["partitionColumns"] == ["part"]
+    table_type = spark.sql(f"DESCRIBE TABLE EXTENDED {name}").where("col_name = 'Type'").first()
+    assert table_type["data_type"] == "EXTERNAL"
+
+    store.append(SPEC, rows(spark, [("a", 1, 10, T0), ("b", 2, 20, T0)]), txns=[AppTxn("job", 3)])
+    store.merge(SPEC, rows(spark, [("a", 1, 5, T0), ("c", 1, 1, T0)]), on="t.k = s.k", update={"n": "t.n + s.n"})
+    expected = rows(spark, [("a", 1, 15, T0), ("b", 2, 20, T0), ("c", 1, 1, T0)])
+    # Ad-hoc SQL by name, and the engine's reads, and any Delta reader at the path, agree.
+    assertDataFrameEqual(spark.sql(f"SELECT * FROM {name}"), expected)
+    assertDataFrameEqual(store.read(SPEC), expected)
+    assert sorted(DeltaTable(store.path(SPEC)).to_pyarrow_table()["k"].to_pylist()) == ["a", "b", "c"]
+    assert store.txn_version(SPEC, "job") == 3
+    changes = store.read_inserted(SPEC, 2).select("k", "n")
+    assertDataFrameEqual(changes, spark.createDataFrame([("a", 15), ("c", 1)], "k string, n long"))
+    operations = [h["operation"] for h in spark.sql(f"DESCRIBE HISTORY {name}").collect()]
+    assert operations == ["MERGE", "WRITE", "CREATE TABLE"]
+
+
+def test_a_new_session_finds_the_tables_again_by_registering_the_lake(
+    delta_spark: SparkSession, tmp_path: Path
+) -> None:
+    spark = delta_spark
+    lake = tmp_path / "lake"
+    store_in(spark, lake, "medallion_first").ensure(SPEC)
+    store_in(spark, lake, "medallion_first").append(SPEC, rows(spark, [("a", 1, 1, T0)]))
+    # Another schema name stands for a catalog that has never seen the lake.
+    again = store_in(spark, lake, "medallion_again")
+    assert not spark.catalog.tableExists("spark_catalog.medallion_again.test_things")
+    assert again.version(SPEC) == 1
+    assert spark.catalog.tableExists("spark_catalog.medallion_again.test_things")
+    assert again.ensure(SPEC) is False
+    assertDataFrameEqual(spark.table("spark_catalog.medallion_again.test_things"), rows(spark, [("a", 1, 1, T0)]))
+    assert SCHEMA == spark.table("spark_catalog.medallion_again.test_things").schema
+
+
+def test_catalog_names_need_both_parts_and_the_delta_spark_engine(tmp_path: Path) -> None:
+    from pipelines.errors import SettingsError
+
+    with pytest.raises(SettingsError, match="together"):
+        load_settings(lake_root=str(tmp_path), delta_engine="delta-spark", catalog="main")
+    with pytest.raises(SettingsError, match="delta-spark"):
+        load_settings(lake_root=str(tmp_path), catalog="main", schema="medallion")
+
+
+@pytest.mark.slow
+def test_the_job_suite_and_storage_contract_pass_with_tables_by_name(delta_jars: str, tmp_path: Path) -> None:
+    env = {CATALOG_ENV: "spark_catalog", "MEDALLION_DELTA_JARS": delta_jars}
+    suites = ["tests/pipelines/test_jobs.py", "tests/pipelines/test_storage_contract.py"]
+    counts = run_child_suite(env, suites, tmp_path / "catalog.xml", "-k", "delta-spark")
+    assert counts["tests"] >= 15, counts
