@@ -37,6 +37,9 @@ LOCAL_DEFAULTS = {
     "spark.sql.warehouse.dir": "",  # set per lake root below
 }
 
+#: Confs of the classic Python client that a Connect session refuses (it has no Arrow fallback).
+CLASSIC_ONLY = {"spark.sql.execution.arrow.pyspark.fallback.enabled"}
+
 JAVA_HELP = (
     "Java 17 is required by Spark but was not found: install a JDK/JRE 17 "
     "(Debian/Ubuntu: `apt-get install openjdk-17-jre-headless`; macOS: `brew install openjdk@17`) "
@@ -112,13 +115,16 @@ def build_connect(settings: Settings, confs: dict[str, str]) -> SparkSession:
     if remote.startswith("sc://"):
         spark = SparkSession.builder.remote(remote).getOrCreate()
         for key, value in _runtime_confs(confs).items():
-            spark.conf.set(key, value)
+            if key not in CLASSIC_ONLY:
+                spark.conf.set(key, value)
         return spark
     check_java()
     if not os.environ.get("PYSPARK_PYTHON"):
         os.environ["PYSPARK_PYTHON"] = sys.executable
     builder = SparkSession.builder.remote(remote).appName(settings.spark.app_name)
     for key, value in confs.items():
+        if key in CLASSIC_ONLY:
+            continue
         builder = builder.config(key, value)
     with warnings.catch_warnings():
         # The local server starts with every conf; the client then sets them again on its
