@@ -15,6 +15,8 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from tests.infra import SparkMaster
+
 pytestmark = pytest.mark.integration
 
 TABLES = (
@@ -194,10 +196,21 @@ def kll_quantiles(summary: Any) -> dict[tuple[int, str], float]:
     }
 
 
+#: As on serverless or standard-access compute: a Spark Connect session, tables by catalog name.
+CONNECT_AND_NAMES = {
+    "MEDALLION_SPARK__REMOTE": "local[2]",
+    "MEDALLION_CATALOG": "spark_catalog",
+    "MEDALLION_SCHEMA": "medallion",
+}
+
+
 @pytest.mark.slow
-def test_demo_on_delta_spark_gives_the_same_figures_as_on_delta_rs(lake: Path, delta_jars: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", [{}, CONNECT_AND_NAMES], ids=["classic session, by path", "spark connect, by name"])
+def test_demo_on_delta_spark_gives_the_same_figures_as_on_delta_rs(
+    lake: Path, delta_jars: str, tmp_path: Path, mode: dict[str, str]
+) -> None:
     spark_lake = tmp_path / "lakehouse"
-    engine = {"MEDALLION_DELTA_ENGINE": "delta-spark", "MEDALLION_DELTA_JARS": delta_jars}
+    engine = {"MEDALLION_DELTA_ENGINE": "delta-spark", "MEDALLION_DELTA_JARS": delta_jars, **mode}
     out = medallion(spark_lake, *SMALL_DEMO, settings_env=engine)
     assert out.returncode == 0, out.stderr
     on_spark, on_rs = figures(out.stdout, spark_lake), figures((lake.parent / "first.json").read_text(), lake)
@@ -211,6 +224,41 @@ def test_demo_on_delta_spark_gives_the_same_figures_as_on_delta_rs(lake: Path, d
     # Written by Delta on Spark indeed: its commits carry Spark's engineInfo, delta-rs's do not.
     (last,) = DeltaTable(str(spark_lake / "gold/property_values")).history(1)
     assert "Delta-Lake/" in last.get("engineInfo", ""), last
+    if mode:
+        # Ad-hoc SQL by catalog name, from a new process (whose session catalog starts empty).
+        query = "SELECT count(*) AS n FROM spark_catalog.medallion.silver_events"
+        answer = medallion(spark_lake, "sql", query, "--format", "json", settings_env=engine)
+        assert answer.returncode == 0, answer.stderr
+        assert json.loads(answer.stdout.splitlines()[0]) == {"n": len(table(lake, "silver/events"))}
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_demo_on_a_standalone_spark_cluster_gives_the_same_figures_as_locally(
+    lake: Path, delta_jars: str, spark_cluster: SparkMaster, tmp_path: Path
+) -> None:
+    """bronze -> silver -> gold -> export (and metrics, counters) on a real multi-process cluster:
+    a master and a worker JVM started with spark-class, executors in the worker's own processes,
+    so a step that leaned on driver-local state would come out different, or fail."""
+    cluster_lake = tmp_path / "lakehouse"
+    env = {
+        "MEDALLION_DELTA_ENGINE": "delta-spark",
+        "MEDALLION_DELTA_JARS": delta_jars,
+        "MEDALLION_SPARK__MASTER": spark_cluster.url,
+        "MEDALLION_SPARK__DRIVER_MEMORY": "1g",
+        "MEDALLION_SPARK__CONF": json.dumps({"spark.executor.memory": "2g", "spark.executor.cores": "2"}),
+    }
+    out = medallion(cluster_lake, *SMALL_DEMO, settings_env=env)
+    assert out.returncode == 0, out.stderr[-4000:]
+    on_cluster, local = figures(out.stdout, cluster_lake), figures((lake.parent / "first.json").read_text(), lake)
+    q_cluster, q_local = kll_quantiles(on_cluster), kll_quantiles(local)
+    assert on_cluster == local
+    for key, value in q_local.items():
+        assert q_cluster[key] == pytest.approx(value, rel=0.05 if key[1] == "p50_ms" else 0.25), key
+    # The work ran on the cluster: the master saw the application, and its executor ran tasks.
+    apps = spark_cluster.state()["completedapps"]
+    assert [a["name"] for a in apps] == ["medallion"], apps
+    assert apps[0]["cores"] >= 1
 
 
 def test_status_and_sql_read_the_lake(lake: Path) -> None:
