@@ -15,6 +15,7 @@ small Spark reads of the table's ``_delta_log``.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -54,6 +55,8 @@ CONFLICTS = (
     "DELTA_PROTOCOL_CHANGED",
 )
 _TXN_SCHEMA = "txn struct<appId: string, version: long>"
+#: Read app transactions from the commits since a version already read, up to this many commits.
+MAX_INCREMENTAL_COMMITS = 100
 
 
 def _one_txn(txns: Sequence[AppTxn]) -> AppTxn | None:
@@ -334,21 +337,42 @@ class DeltaSparkStore(TableStore):
         return self._txns_at(spec, version, app_ids)
 
     def _txns_at(self, spec: TableSpec, version: int, app_ids: Sequence[str]) -> dict[str, int | None]:
-        cached = self._txn_cache.setdefault((self.location(spec), version), {})
+        location = self.location(spec)
+        cached = self._txn_cache.setdefault((location, version), {})
         missing = [a for a in dict.fromkeys(app_ids) if a not in cached]
         if missing:
-            cached.update(self._read_txns(spec, version, missing))
-        if len(self._txn_cache) > 256:
+            # A version of this table read before for these app ids: only the commits since then
+            # can have changed them (txn actions are never removed), so read just those.
+            known = [
+                v
+                for (loc, v), txns in self._txn_cache.items()
+                if loc == location and v < version and set(missing) <= set(txns)
+            ]
+            base = max(known, default=None)
+            newer = None
+            if base is not None and version - base <= MAX_INCREMENTAL_COMMITS:
+                with contextlib.suppress(AnalysisException):  # a commit file cleaned up since: read it all
+                    newer = self._read_txns(spec, version, missing, since=base)
+            if newer is not None and base is not None:
+                cached.update(
+                    {a: newer[a] if newer[a] is not None else self._txn_cache[(location, base)][a] for a in missing}
+                )
+            else:
+                cached.update(self._read_txns(spec, version, missing))
+        while len(self._txn_cache) > 256:
             self._txn_cache.pop(next(iter(self._txn_cache)))
         return {a: cached[a] for a in app_ids}
 
-    def _read_txns(self, spec: TableSpec, version: int, app_ids: Sequence[str]) -> dict[str, int | None]:
+    def _read_txns(
+        self, spec: TableSpec, version: int, app_ids: Sequence[str], since: int | None = None
+    ) -> dict[str, int | None]:
         """The app ids' versions as of table ``version``, from the Delta log (the protocol's
-        ``txn`` actions): the latest checkpoint at or before it, then each commit after it."""
+        ``txn`` actions): the latest checkpoint at or before it, then each commit after it; or,
+        ``since`` a version, the commits after that one alone (None: not set in them)."""
         log = f"{self.location(spec)}/_delta_log"
-        checkpoint = self._checkpoint_version(log, version)
+        checkpoint = since if since is not None else self._checkpoint_version(log, version)
         sources = []
-        if checkpoint is not None:
+        if checkpoint is not None and since is None:
             sources.append(
                 self.spark.read.schema(_TXN_SCHEMA)
                 .parquet(f"{log}/{checkpoint:020d}.checkpoint*.parquet")
@@ -370,14 +394,13 @@ class DeltaSparkStore(TableStore):
         txns = sources[0]
         for more in sources[1:]:
             txns = txns.unionByName(more)
-        latest = (
-            txns.where(F.col("txn.appId").isin(list(app_ids)))
-            .groupBy(F.col("txn.appId").alias("app"))
-            .agg(F.max_by("txn.version", "v").alias("version"))
-        )
-        # One row per app id asked about: bookkeeping, not row data.
-        for row in latest.collect():
-            found[row["app"]] = int(row["version"])
+        # The asked app ids' txn actions, at most one per commit read (about 100 at most, as
+        # checkpoints come every 100 commits): bookkeeping, not row data. The newest one wins.
+        newest: dict[str, tuple[int, int]] = {}
+        for row in txns.where(F.col("txn.appId").isin(list(app_ids))).select("txn.appId", "txn.version", "v").collect():
+            if row["appId"] not in newest or row["v"] > newest[row["appId"]][0]:
+                newest[row["appId"]] = (int(row["v"]), int(row["version"]))
+        found.update({app: v for app, (_, v) in newest.items()})
         return found
 
     def _checkpoint_version(self, log: str, version: int) -> int | None:
