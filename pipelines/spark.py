@@ -112,19 +112,17 @@ def build_connect(settings: Settings, confs: dict[str, str]) -> SparkSession:
     and standard-access compute work this way), ``local[N]`` starts one here with every conf."""
     remote = settings.spark.remote
     assert remote is not None
+    confs = {k: v for k, v in confs.items() if k not in CLASSIC_ONLY}
     if remote.startswith("sc://"):
         spark = SparkSession.builder.remote(remote).getOrCreate()
         for key, value in _runtime_confs(confs).items():
-            if key not in CLASSIC_ONLY:
-                spark.conf.set(key, value)
+            spark.conf.set(key, value)
         return spark
     check_java()
     if not os.environ.get("PYSPARK_PYTHON"):
         os.environ["PYSPARK_PYTHON"] = sys.executable
     builder = SparkSession.builder.remote(remote).appName(settings.spark.app_name)
     for key, value in confs.items():
-        if key in CLASSIC_ONLY:
-            continue
         builder = builder.config(key, value)
     with warnings.catch_warnings():
         # The local server starts with every conf; the client then sets them again on its

@@ -151,9 +151,12 @@ class DeltaSparkStore(TableStore):
         if not self.spark.catalog.tableExists(name.replace("`", "")):
             if self._last_commit_of(self._by_path(spec)) is None:
                 return  # no table yet: ensure() creates it by name
-            self.spark.sql(f"CREATE SCHEMA IF NOT EXISTS {quote(self.catalog or '')}.{quote(self.schema or '')}")
+            self._ensure_schema()
             self.spark.sql(f"CREATE TABLE IF NOT EXISTS {name} USING DELTA LOCATION {sql_string(self.path(spec))}")
         self._registered.add(name)
+
+    def _ensure_schema(self) -> None:
+        self.spark.sql(f"CREATE SCHEMA IF NOT EXISTS {quote(self.catalog or '')}.{quote(self.schema or '')}")
 
     def location(self, spec: TableSpec) -> str:
         """Where the table's files (and ``_delta_log``) are."""
@@ -188,8 +191,9 @@ class DeltaSparkStore(TableStore):
                 raise CommitConflictError(f"{what} conflicted: {exc}") from exc
             raise
 
-    def _history(self, spec: TableSpec, limit: int | None = None) -> DataFrame:
-        return self.spark.sql(f"DESCRIBE HISTORY {self.ident(spec)}" + (f" LIMIT {int(limit)}" if limit else ""))
+    def _history(self, ident: str, limit: int | None = None) -> DataFrame:
+        """Commits of the table SQL calls ``ident``, newest first."""
+        return self.spark.sql(f"DESCRIBE HISTORY {ident}" + (f" LIMIT {int(limit)}" if limit else ""))
 
     # -- lifecycle --------------------------------------------------------------------------
     def exists(self, spec: TableSpec) -> bool:
@@ -200,7 +204,7 @@ class DeltaSparkStore(TableStore):
             return False
         name = self.name(spec)
         if name is not None:
-            self.spark.sql(f"CREATE SCHEMA IF NOT EXISTS {quote(self.catalog or '')}.{quote(self.schema or '')}")
+            self._ensure_schema()
         parts = [f"CREATE TABLE IF NOT EXISTS {name or self._by_path(spec)} ({column_ddl(spec.schema)}) USING DELTA"]
         if spec.partition_by:
             parts.append("PARTITIONED BY (" + ", ".join(quote(c) for c in spec.partition_by) + ")")
@@ -300,7 +304,7 @@ class DeltaSparkStore(TableStore):
 
     def _last_commit_of(self, ident: str) -> Any:
         try:
-            return self.spark.sql(f"DESCRIBE HISTORY {ident} LIMIT 1").first()
+            return self._history(ident, 1).first()
         except AnalysisException as exc:
             missing = ("DELTA_MISSING_DELTA_TABLE", "PATH_NOT_FOUND", "not a Delta table", "TABLE_OR_VIEW_NOT_FOUND")
             if any(s in str(exc) for s in missing):
@@ -319,7 +323,7 @@ class DeltaSparkStore(TableStore):
 
     def history(self, spec: TableSpec, limit: int | None = None) -> list[dict[str, Any]]:
         # Commit metadata, newest first: one row per commit, not row data.
-        return [row.asDict(recursive=True) for row in self._history(spec, limit).collect()]
+        return [row.asDict(recursive=True) for row in self._history(self.ident(spec), limit).collect()]
 
     def txn_version(self, spec: TableSpec, app_id: str) -> int | None:
         return self.txn_versions(spec, [app_id])[app_id]
