@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -104,6 +105,7 @@ def _batch_definition(name: str) -> BatchDefinition:
 
 
 CHECK_META = "medallion_check"
+_GX_LOCK = threading.RLock()
 
 
 def _release_batches() -> None:
@@ -119,11 +121,14 @@ def _run_gx(df: DataFrame, checks: list[Check], name: str) -> list[Any]:
     carries its check's name in ``meta``)."""
     tagged = [c.expectation.copy(update={"meta": {CHECK_META: c.name}}, deep=True) for c in checks]
     suite = gx.ExpectationSuite(name=name, expectations=tagged)
-    batch = _batch_definition(name).get_batch(batch_parameters={"dataframe": df})
-    try:
-        results = batch.validate(suite, result_format=RESULT_FORMAT).results
-    finally:
-        _release_batches()
+    # One GX context serves the process, and neither its assets nor its batch caches are safe to
+    # share between threads (jobs run side by side in one process, e.g. bucket tasks): one at a time.
+    with _GX_LOCK:
+        batch = _batch_definition(name).get_batch(batch_parameters={"dataframe": df})
+        try:
+            results = batch.validate(suite, result_format=RESULT_FORMAT).results
+        finally:
+            _release_batches()
     by_check = {(r.expectation_config.meta or {})[CHECK_META]: r for r in results if r.expectation_config}
     return [by_check[c.name] for c in checks]
 

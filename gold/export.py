@@ -12,12 +12,12 @@ are held back (counted as gated) until their count reaches it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, LongType, StructField, StructType, TimestampType
 
@@ -67,20 +67,23 @@ def window_closed(width: timedelta, after: datetime | None, through: datetime | 
     return cond
 
 
-def latest_changes(width: timedelta, through: datetime | None) -> Callable[[DataFrame], DataFrame]:
-    """Change-feed rows of gold -> the newest image of each changed tuple and window whose window
-    ends by ``through`` (every window with None): the rows a late count changed."""
+def changed_keys(width: timedelta, through: datetime | None) -> Callable[[DataFrame], DataFrame]:
+    """Change-feed rows of gold -> the tuples and windows (EXPORT_KEY) that gained or changed a
+    row in a window ending by ``through`` (every window with None): the ones a late count changed."""
 
     def transform(changes: DataFrame) -> DataFrame:
-        images = changes.where(F.col("_change_type").isin("insert", "update_postimage")).where(
-            window_closed(width, None, through)
-        )
-        newest = Window.partitionBy(*EXPORT_KEY).orderBy(F.col("_commit_version").desc())
-        return (
-            images.withColumn("_n", F.row_number().over(newest))
-            .where("_n = 1")
-            .select(*EXPORT_KEY, "count", "max_event_time")
-        )
+        images = changes.where(F.col("_change_type").isin("insert", "update_postimage"))
+        return images.where(window_closed(width, None, through)).select(*EXPORT_KEY).distinct()
+
+    return transform
+
+
+def per_tuple_window() -> Callable[[DataFrame], DataFrame]:
+    """Gold rows -> one row per tuple and window: the counts of every bucket that counted it,
+    summed (a team the bucket mapping moved mid-window has a gold row in each bucket)."""
+
+    def transform(rows: DataFrame) -> DataFrame:
+        return rows.groupBy(*EXPORT_KEY).agg(F.sum("count").cast("long").alias("count"))
 
     return transform
 
@@ -114,7 +117,8 @@ def export_batch(
     must equal)."""
 
     def transform(gold: DataFrame) -> DataFrame:
-        return gold.where(window_closed(width, None, closed_before)).transform(differences(exported, min_count))
+        closed = gold.where(window_closed(width, None, closed_before))
+        return closed.transform(per_tuple_window()).transform(differences(exported, min_count))
 
     return transform
 
@@ -167,6 +171,7 @@ def export_bounds(
 
 def incremental_batch(
     late: DataFrame,
+    late_windows: Sequence[datetime],
     exported: DataFrame,
     width: timedelta,
     after: datetime | None,
@@ -174,13 +179,17 @@ def incremental_batch(
     min_count: int,
 ) -> Callable[[DataFrame], DataFrame]:
     """All of gold -> rows to send after an earlier batch: windows closed since (ending after
-    ``after``) and the ``late`` rows (:func:`latest_changes`) of windows closed before, each against
-    ``exported`` (what was exported of those windows)."""
+    ``after``) and the ``late`` keys (:func:`changed_keys`, in ``late_windows``) of windows closed
+    before, each summed over buckets and set against ``exported`` (what was exported of them)."""
 
     def transform(gold: DataFrame) -> DataFrame:
         fresh = gold.where(window_closed(width, after, closed_before))
-        candidates = fresh.select(*EXPORT_KEY, "count").unionByName(late.select(*EXPORT_KEY, "count"))
-        return candidates.transform(differences(exported, min_count))
+        if late_windows:
+            # Only the late windows' files are read (a list of window starts Parquet statistics
+            # can skip by), then only the changed tuples of those windows are kept.
+            again = gold.where(F.col(WINDOW_START).isin(list(late_windows)))
+            fresh = fresh.unionByName(again.join(late, list(EXPORT_KEY), "left_semi"))
+        return fresh.transform(per_tuple_window()).transform(differences(exported, min_count))
 
     return transform
 

@@ -41,8 +41,11 @@ PARTIALS_SCHEMA = StructType(
 PROPERTY_VALUES_SCHEMA = StructType(
     [*KEY_FIELDS, *COUNT_FIELDS, StructField("first_seen", TimestampType()), StructField("last_seen", TimestampType())]
 )
-#: Columns that identify one gold row: a tuple in a window (bucket follows from team).
-GOLD_KEY = (*TUPLE, WINDOW_START)
+#: Columns that identify one gold row: a tuple in a window, in the bucket that counted it. A team
+#: keeps its bucket until the mapping moves it; after a move, a window it straddles has one row in
+#: each bucket, and the export sums them. Keying gold by bucket keeps each bucket's MERGE inside its
+#: own partition, so per-bucket tasks never touch (or conflict over) each other's rows.
+GOLD_KEY = (*TUPLE, "bucket", WINDOW_START)
 
 
 @dataclass(frozen=True)
@@ -175,8 +178,20 @@ def merge_source() -> Callable[[DataFrame], DataFrame]:
     return transform
 
 
+def merge_on(buckets: Sequence[int] | None = None) -> str:
+    """The MERGE condition of stage 2, for a run over ``buckets`` (None: every bucket).
+
+    Naming the buckets as literals on the target side scopes the MERGE to their partitions: the
+    engines read only those partitions, and Delta's conflict detection then lets MERGEs over
+    disjoint buckets commit side by side instead of failing each other with concurrent appends.
+    """
+    on = " AND ".join(f"t.{c} = s.{c}" for c in GOLD_KEY)
+    if buckets:
+        on += " AND t.bucket IN (" + ", ".join(str(int(b)) for b in sorted(set(buckets))) + ")"
+    return on
+
+
 #: MERGE of stage 2: add counts, keep when the tuple was first and last seen.
-MERGE_ON = " AND ".join(f"t.{c} = s.{c}" for c in GOLD_KEY)
 MERGE_UPDATE = {
     "count": "t.count + s.count",
     "max_event_time": "greatest(t.max_event_time, s.max_event_time)",

@@ -8,6 +8,7 @@ commit makes the next run redo the work; a crash after it makes the next run ski
 from __future__ import annotations
 
 import gc
+import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -17,7 +18,7 @@ from typing import TypeVar
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
-from pipelines.errors import CommitConflictError
+from pipelines.errors import CommitConflictError, InputError
 from pipelines.eventlog import RunRecord, new_run_id, recorded
 from pipelines.settings import Settings
 from pipelines.storage import AppTxn, TableSpec, TableStore
@@ -57,9 +58,52 @@ class Increment:
         return store.read_inserted(self.source, self.start, self.end)
 
 
+def task_name(job: str, buckets: Sequence[int] | None = None) -> str:
+    """``job`` as one task of a run split by bucket (``gold.merge#buckets=0,1``), else ``job``:
+    the name its event-log rows and quality results carry."""
+    return job if not buckets else f"{job}#buckets=" + ",".join(str(b) for b in sorted(set(buckets)))
+
+
 def app_id(job: str, source: TableSpec, buckets: Sequence[int] | None = None) -> str:
-    suffix = "" if not buckets else "#buckets=" + ",".join(str(b) for b in sorted(buckets))
-    return f"medallion/{job}<-{source.key}{suffix}"
+    base, _, scope = task_name(job, buckets).partition("#")
+    return f"medallion/{base}<-{source.key}" + (f"#{scope}" if scope else "")
+
+
+#: Up to this many buckets, every bucket set is checked for progress by :func:`check_split`.
+SPLIT_CHECK_ALL_SETS = 8
+
+
+def check_split(
+    store: TableStore, job: str, source: TableSpec, target: TableSpec, buckets: Sequence[int] | None, count: int
+) -> None:
+    """Refuse a run over ``buckets`` that overlaps, without being, a split ``job`` already ran with
+    on ``target``.
+
+    Progress is kept per bucket set (the app id names it), so two different sets that share a
+    bucket would each process that bucket's rows: counted twice. With up to
+    :data:`SPLIT_CHECK_ALL_SETS` buckets every set is looked up (one read of the target's app
+    transactions); with more, all buckets at once and each single bucket, the splits one runs with.
+    """
+    if not store.exists(target):
+        return
+    everything = tuple(range(count))
+    chosen = frozenset(buckets) if buckets else frozenset(everything)
+    if count <= SPLIT_CHECK_ALL_SETS:
+        sets = [s for n in range(1, count + 1) for s in itertools.combinations(everything, n)]
+    else:
+        sets = [(b,) for b in everything]
+    splits = {app_id(job, source): frozenset(everything)} | {app_id(job, source, s): frozenset(s) for s in sets}
+    mine = app_id(job, source, buckets)
+    done = store.txn_snapshot(target, sorted(splits)).versions
+    clashes = sorted(a for a, covers in splits.items() if a != mine and done[a] is not None and covers & chosen)
+    if clashes:
+        names = "; ".join(a.partition("#")[2] or "all buckets at once" for a in clashes)
+        asked = "buckets=" + ",".join(map(str, sorted(chosen))) if buckets else "all buckets at once"
+        raise InputError(
+            f"{job} over {asked}: {target.key} already has progress from runs over {names}. Runs over "
+            "different but overlapping bucket sets would each process the shared buckets' rows; keep "
+            "one split per lake (the bundle runs one bucket per task)."
+        )
 
 
 def pending(store: TableStore, source: TableSpec, target: TableSpec, app: str) -> Increment | None:
@@ -110,16 +154,24 @@ def with_conflict_retries(fn: Callable[[], T], what: str, attempts: int = CONFLI
 
 
 def run_job(ctx: Context, job: str, body: Callable[[RunRecord], None]) -> RunRecord:
-    """Run ``body`` as ``job``: conflict retries, timing and an event-log row."""
+    """Run ``body`` as ``job``: conflict retries, timing and an event-log row (which counts the
+    retries a commit conflict cost, as ``conflict_retries``)."""
     with recorded(ctx.store, job, ctx.run_id) as record:
+        attempts = 0
 
         def attempt() -> None:
+            nonlocal attempts
+            attempts += 1
             record.rows_in = record.rows_out = 0
             record.metrics.clear()
             record.quality.clear()
             body(record)
 
-        with_conflict_retries(attempt, job)
+        try:
+            with_conflict_retries(attempt, job)
+        finally:
+            if attempts > 1:
+                record.add(conflict_retries=attempts - 1)
         if record.status == "noop":
             ctx.say(f"{job}: nothing to do ({record.details})")
     # Spark frames a job built may sit in Python reference cycles; until Python collects them the

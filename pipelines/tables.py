@@ -110,7 +110,7 @@ GOLD_PROPERTY_VALUES = TableSpec(
     "property_values",
     PROPERTY_VALUES_SCHEMA,
     partition_by=("bucket",),
-    description="stage 2: one row per (team, property_type, key, value) and window",
+    description="stage 2: one row per (team, property_type, key, value), bucket and window",
 )
 GOLD_EXPORTED = TableSpec(
     "gold",

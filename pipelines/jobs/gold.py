@@ -13,22 +13,22 @@ from gold.export import (
     EXPORT_DATASET,
     EXPORTED_ON,
     EXPORTED_UPDATE,
+    changed_keys,
     export_batch,
     export_bounds,
     exported_rows,
     in_send_order,
     incremental_batch,
-    latest_changes,
     newest_event,
     outbox_rows,
     progress_of,
     rechunk,
 )
-from gold.property_values import MERGE_ON, MERGE_UPDATE, WINDOW_START, fan_out, merge_source, partials, skip_counts
+from gold.property_values import MERGE_UPDATE, WINDOW_START, fan_out, merge_on, merge_source, partials, skip_counts
 from pipelines import quality
 from pipelines.eventlog import RunRecord
-from pipelines.layer_config import fanout_rules
-from pipelines.runner import Context, app_id, append_once, pending, run_job
+from pipelines.layer_config import bucket_mapping, fanout_rules
+from pipelines.runner import Context, app_id, append_once, check_split, pending, run_job, task_name
 from pipelines.sinks import clickhouse
 from pipelines.storage import AppTxn
 from pipelines.tables import EXPORT_OUTBOX, EXPORTS, GOLD_EXPORTED, GOLD_PARTIALS, GOLD_PROPERTY_VALUES, SILVER_EVENTS
@@ -40,6 +40,7 @@ def gold_partials(ctx: Context, buckets: Sequence[int] | None = None) -> RunReco
 
     def body(record: RunRecord) -> None:
         ctx.store.ensure(GOLD_PARTIALS)
+        check_split(ctx.store, "gold.partials", SILVER_EVENTS, GOLD_PARTIALS, buckets, bucket_mapping(ctx).count)
         inc = pending(ctx.store, SILVER_EVENTS, GOLD_PARTIALS, app_id("gold.partials", SILVER_EVENTS, buckets))
         if inc is None:
             record.noop("no new silver events")
@@ -60,7 +61,7 @@ def gold_partials(ctx: Context, buckets: Sequence[int] | None = None) -> RunReco
         record.add(**{f"skipped.{k}": v for k, v in reasons.items()})
         ctx.say(f"gold stage 1: {n_events:,} events -> {counted:,} tuples -> {n_out:,} partial rows")
 
-    return run_job(ctx, "gold.partials", body)
+    return run_job(ctx, task_name("gold.partials", buckets), body)
 
 
 def gold_merge(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
@@ -68,6 +69,7 @@ def gold_merge(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
 
     def body(record: RunRecord) -> None:
         ctx.store.ensure(GOLD_PROPERTY_VALUES)
+        check_split(ctx.store, "gold.merge", GOLD_PARTIALS, GOLD_PROPERTY_VALUES, buckets, bucket_mapping(ctx).count)
         inc = pending(ctx.store, GOLD_PARTIALS, GOLD_PROPERTY_VALUES, app_id("gold.merge", GOLD_PARTIALS, buckets))
         if inc is None:
             record.noop("no new partials")
@@ -76,14 +78,14 @@ def gold_merge(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
         batch = parts.transform(merge_source()).persist()
         source = quality.gate(ctx, record, GOLD_PROPERTY_VALUES.key, batch, inc.txn)
         n_parts, n_source = parts.count(), source.count()
-        ctx.store.merge(GOLD_PROPERTY_VALUES, source, on=MERGE_ON, update=MERGE_UPDATE, txns=[inc.txn])
+        ctx.store.merge(GOLD_PROPERTY_VALUES, source, on=merge_on(buckets), update=MERGE_UPDATE, txns=[inc.txn])
         batch.unpersist()
         parts.unpersist()
         record.rows_in, record.rows_out = n_parts, n_source
         record.add(partial_rows=n_parts, merged_rows=n_source)
         ctx.say(f"gold stage 2: {n_parts:,} partial rows merged as {n_source:,} rows")
 
-    return run_job(ctx, "gold.merge", body)
+    return run_job(ctx, task_name("gold.merge", buckets), body)
 
 
 def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:
@@ -166,10 +168,10 @@ def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:
             changes = ctx.store.read_changes(GOLD_PROPERTY_VALUES, prev.gold_version + 1, version).persist()
             cached.append(changes)
             newest = newest_event(changes, prev.newest_event)
-            late = changes.transform(latest_changes(g.window, prev.closed_through)).persist()
+            late = changes.transform(changed_keys(g.window, prev.closed_through)).persist()
             cached.append(late)
-            # The late tuples' windows, to read only their part of what was exported: a list of
-            # window starts, bounded by the time the late data spans, not by its rows.
+            # The late tuples' windows, to read only their part of gold and of what was exported:
+            # a list of window starts, bounded by the time the late data spans, not by its rows.
             windows = [r[0] for r in late.select(WINDOW_START).distinct().collect()]
             exported = ctx.store.read(GOLD_EXPORTED).where(F.col(WINDOW_START).isin(windows))
         if newest is None:
@@ -183,7 +185,7 @@ def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:
         else:
             batch = ctx.store.read(GOLD_PROPERTY_VALUES).transform(
                 incremental_batch(
-                    late, exported, g.window, prev.closed_through, bounds.closed_before, g.min_export_count
+                    late, windows, exported, g.window, prev.closed_through, bounds.closed_before, g.min_export_count
                 )
             )
         batch = batch.persist()

@@ -11,7 +11,7 @@ from pipelines import quality
 from pipelines.eventlog import RunRecord
 from pipelines.jobs.outbox import publish_outbox
 from pipelines.layer_config import bucket_mapping
-from pipelines.runner import Context, after, app_id, pending, run_job
+from pipelines.runner import Context, after, app_id, check_split, pending, run_job, task_name
 from pipelines.storage import AppTxn
 from pipelines.tables import (
     BRONZE_EVENTS,
@@ -40,6 +40,7 @@ def silver_events(ctx: Context, buckets: Sequence[int] | None = None) -> RunReco
 
     def body(record: RunRecord) -> None:
         ctx.store.ensure(SILVER_EVENTS)
+        check_split(ctx.store, "silver.events", BRONZE_EVENTS, SILVER_EVENTS, buckets, mapping.count)
         inc = pending(ctx.store, BRONZE_EVENTS, SILVER_EVENTS, app_id("silver.events", BRONZE_EVENTS, buckets))
         if inc is None:
             record.noop("no new bronze events")
@@ -65,7 +66,7 @@ def silver_events(ctx: Context, buckets: Sequence[int] | None = None) -> RunReco
         record.add(source_from=inc.start, source_to=inc.end)
         ctx.say(f"silver/events: {n_out:,} events in {len(per_bucket)} bucket(s)")
 
-    return run_job(ctx, "silver.events", body)
+    return run_job(ctx, task_name("silver.events", buckets), body)
 
 
 def silver_page_changes(ctx: Context, drain: bool = False) -> RunRecord:

@@ -218,7 +218,14 @@ class DeltaSparkStore(TableStore):
         if name is not None:
             # External: the files stay at the lake path, whichever metastore names them.
             parts.append(f"LOCATION {sql_string(self.path(spec))}")
-        self.spark.sql(" ".join(parts))
+        try:
+            self.spark.sql(" ".join(parts))
+        except Exception:
+            # Tasks that start together (a for_each over buckets) may race to create a table:
+            # whoever loses finds it there, with the schema every task asks for.
+            if self.exists(spec):
+                return False
+            raise
         if name is not None:
             self._registered.add(name)
         return True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -203,3 +204,37 @@ def test_a_crash_then_a_rerun_leaves_clickhouse_as_a_clean_run(
     pipeline(ctx, files)  # the rerun: every step picks up where the crash left it
     assert clickhouse_state(ctx) == expected, what
     assert clickhouse_state(ctx)[0] == gold_state(ctx)
+
+
+def test_a_team_moved_to_another_bucket_mid_window_is_still_one_clickhouse_row_per_tuple_and_window(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    def mapping(bucket: int) -> dict[str, Any]:
+        path = tmp_path / f"to-{bucket}.yaml"
+        path.write_text(json.dumps({"count": 4, "teams": {"1": bucket}}))  # JSON is YAML
+        return {"count": 4, "mapping_file": str(path)}
+
+    def ctx_in(bucket: int) -> Context:
+        settings = load_settings(
+            lake_root=str(tmp_path / "lake"), gold={"window": "30s", "grace": "60s"}, buckets=mapping(bucket)
+        )
+        return Context(settings=settings, spark=spark, store=open_store(settings, spark), say=lambda _: None)
+
+    free = {"plan": "free"}
+    w0 = int(datetime(2024, 6, 1, tzinfo=UTC).timestamp())
+    # Four events in the first window while team 1 is in bucket 0: nothing closed yet.
+    pipeline(ctx_in(0), [write(tmp_path / "a.jsonl", [event(i, second=2, props=free) for i in range(4)])], drain=False)
+    # The mapping moves it to bucket 3; two more events in the same window, and one at 00:03:20
+    # that closes it: the first export sends the window, both buckets' counts summed.
+    moved = ctx_in(3)
+    more = [event(10 + i, second=3, props=free) for i in range(2)] + [event(20, second=200, props=free)]
+    pipeline(moved, [write(tmp_path / "b.jsonl", more)], drain=False)
+    sums, raw = clickhouse_state(moved)
+    assert (sums, raw) == ({(1, "event", "plan", "free", w0): 6}, 1)
+    # A late event for the exported window, counted in bucket 3: one correction row of +1.
+    pipeline(moved, [write(tmp_path / "c.jsonl", [event(30, second=4, props=free)])], drain=False)
+    sums, raw = clickhouse_state(moved)
+    assert (sums, raw) == ({(1, "event", "plan", "free", w0): 7}, 2)
+    # Gold keeps a row per bucket that counted the window.
+    gold = moved.store.read(GOLD_PROPERTY_VALUES).where(f"unix_seconds(window_start) = {w0}").collect()
+    assert sorted((r["bucket"], r["count"]) for r in gold) == [(0, 4), (3, 3)]

@@ -14,6 +14,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from pipelines import jobs
+from pipelines.errors import InputError
 from pipelines.eventlog import PIPELINE_EVENTS
 from pipelines.runner import Context
 from pipelines.settings import Settings
@@ -141,3 +142,17 @@ def test_buckets_run_as_separate_tasks_and_together_cover_every_event(ctx: Conte
     assert low_buckets and low_buckets <= {0, 1, 2, 3} and high_buckets and high_buckets <= {4, 5, 6, 7}
     assert any(k.endswith(".lag_seconds") for k in low.metrics)
     assert jobs.silver_events(ctx, [0, 1, 2, 3]).status == "noop"
+
+
+def test_a_run_over_buckets_overlapping_another_split_is_refused_not_counted_twice(
+    ctx: Context, tmp_path: Path
+) -> None:
+    for team in range(1, 13):
+        jobs.ingest_files(ctx, "events", [write_events(tmp_path / f"t{team}.jsonl", team, 5)])
+    assert jobs.silver_events(ctx, [0, 1]).status == "ok"
+    landed = uuids(ctx.store, SILVER_EVENTS)
+    for overlapping in (None, [1], [1, 2]):
+        with pytest.raises(InputError, match="already has progress from runs over buckets=0,1"):
+            jobs.silver_events(ctx, overlapping)
+    assert uuids(ctx.store, SILVER_EVENTS) == landed
+    assert jobs.silver_events(ctx, [2]).status in ("ok", "noop")  # a disjoint split goes on
