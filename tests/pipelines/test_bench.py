@@ -27,7 +27,7 @@ SPARK_STAGES = (
     "gold (stage 1 + 2)",
     "export to ClickHouse",
     "end to end (events)",
-    "Kafka -> bronze (Tansu)",
+    "Kafka -> bronze (Tansu), PostHog fixture events",
     "samples -> metric windows (tumbling 1m)",
     "samples -> metric windows (sliding 1m, 6 panes)",
 )
@@ -74,7 +74,10 @@ def test_every_stage_has_a_figure_or_says_why_not(bench: tuple[Path, dict[str, A
         "end to end (events)",
         "peer: ClickHouse fan-out + GROUP BY",
         "peer: Spark dropDuplicatesWithinWatermark",
-        "Kafka -> bronze (Tansu)",
+        "Kafka -> bronze (Tansu), PostHog fixture events",
+        "Kafka -> bronze (Tansu), 4 KB properties",
+        "peer: kafka-python consumer (poll and discard), PostHog fixture events",
+        "peer: kafka-python consumer (poll and discard), 4 KB properties",
         "remote write: decode only",
         "remote write -> bronze",
         "samples -> metric windows (tumbling 1m)",
@@ -93,6 +96,25 @@ def test_every_stage_has_a_figure_or_says_why_not(bench: tuple[Path, dict[str, A
         "peer: Spark dropDuplicatesWithinWatermark"
     )
     assert peers["gold (stage 1 + 2)"]["ClickHouse fan-out + GROUP BY"] == "peer: ClickHouse fan-out + GROUP BY"
+
+
+def test_kafka_is_measured_at_two_sizes_beside_a_bare_consumer(bench: tuple[Path, dict[str, Any], str]) -> None:
+    out, result, _ = bench
+    stages = {s["stage"]: s for s in result["stages"]}
+    table = (out / "bench.md").read_text()
+    for kind in ("PostHog fixture events", "4 KB properties"):
+        name = f"Kafka -> bronze (Tansu), {kind}"
+        if stages[name]["runs"] == 0:
+            continue  # skipped, and said why (no Tansu)
+        peer = checked_peer(stages, table, name, "kafka-python consumer")
+        assert peer["units"] == stages[name]["units"] == [10_000.0], name
+        for s in (stages[name], peer):
+            assert " MB/s median (" in s["note"] and " B/message" in s["note"], s["note"]
+    small, large = (
+        float(stages[f"Kafka -> bronze (Tansu), {k}"]["note"].split(" B/message")[0].split(", ")[-1].replace(",", ""))
+        for k in ("PostHog fixture events", "4 KB properties")
+    )
+    assert 1_000 < small < 3_000 and 4_096 < large < 6_000, (small, large)
 
 
 def checked_peer(stages: dict[str, Any], table: str, name: str, label: str) -> dict[str, Any]:
