@@ -24,7 +24,7 @@ from pipelines.bench import plain
 from pipelines.bench.measure import Figure, as_dicts, timed, warm_up_first
 from pipelines.bench.workloads import KAFKA_MESSAGE_KINDS, PODS, SIZES, Size, Workload, generate, kafka_messages
 from pipelines.runner import Context
-from pipelines.settings import load_settings
+from pipelines.settings import KafkaSettings, load_settings
 from pipelines.storage import open_store
 from pipelines.tables import (
     BRONZE_EVENTS,
@@ -166,14 +166,14 @@ def kafka_stage(b: Bench, w: Workload) -> None:
             for attempt in range(b.repeats + 1):
                 topic = f"bench-{uuid.uuid4().hex[:8]}"
                 produce(broker.bootstrap, topic, messages)
-                with timed(warm_up_first(peer, attempt), len(messages)):
-                    drained = drain_topic(broker.bootstrap, topic, len(messages))
-                if drained != len(messages):
-                    raise AssertionError(f"the bare consumer read {drained} of {len(messages)} messages")
                 ctx = b.context("kafka")
                 ctx.settings.kafka.bootstrap_servers = [broker.bootstrap]
                 ctx.settings.kafka.topics.events = topic
                 ctx.settings.kafka.group_id = f"bench-{topic}"
+                with timed(warm_up_first(peer, attempt), len(messages)):
+                    drained = drain_topic(ctx.settings.kafka, topic, len(messages))
+                if drained != len(messages):
+                    raise AssertionError(f"the bare consumer read {drained} of {len(messages)} messages")
                 pid = broker.pid
                 with timed(warm_up_first(fig, attempt), len(messages), extra={"tansu": pid} if pid else None):
                     jobs.ingest_kafka(ctx, [topic], max_batch=50_000, max_wait=2.0, once=True)
@@ -207,25 +207,21 @@ def produce(bootstrap: str, topic: str, messages: list[bytes]) -> None:
         producer.close()
 
 
-def drain_topic(bootstrap: str, topic: str, expected: int, timeout: float = 600.0) -> int:
+def drain_topic(settings: KafkaSettings, topic: str, expected: int, timeout: float = 600.0) -> int:
     """Read ``topic`` from the start as a new group's only member until ``expected`` messages came,
-    discarding them: what kafka-python alone delivers. Fetch sizes as the ingest sets them."""
+    discarding them: what kafka-python alone delivers, with the consumer settings the ingest uses."""
     from kafka import KafkaConsumer
 
-    consumer = KafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        group_id=f"bare-{uuid.uuid4().hex[:8]}",
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        fetch_max_bytes=64 * 1024 * 1024,
-        max_partition_fetch_bytes=8 * 1024 * 1024,
-    )
+    from pipelines.sources.kafka import consumer_config
+
+    config = consumer_config(settings, f"bare-{uuid.uuid4().hex[:8]}")
+    config["group_id"] = f"bare-{uuid.uuid4().hex[:8]}"
+    consumer = KafkaConsumer(topic, **config)
     got = 0
     deadline = time.monotonic() + timeout
     try:
         while got < expected and time.monotonic() < deadline:
-            got += sum(len(batch) for batch in consumer.poll(timeout_ms=1000, max_records=50_000).values())
+            got += sum(len(batch) for batch in consumer.poll(timeout_ms=500, max_records=50_000).values())
     finally:
         consumer.close(autocommit=False)
     return got

@@ -15,12 +15,14 @@ state.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -179,6 +181,12 @@ class KafkaIngestor:
         self._pending: dict[TopicPartition, list[Any]] = defaultdict(list)
         self._seq = 0
         self.stats = IngestStats()
+        # One flush at a time runs on this thread while the main one keeps polling: the consumer
+        # (not thread-safe) stays on the main thread, the flush never touches it.
+        self._flusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="medallion-flush")
+        self._inflight: Future[FlushResult] | None = None
+        self._inflight_offsets: dict[TopicPartition, int] = {}
+        self._failed: Exception | None = None
 
     # -- rebalance callbacks --------------------------------------------------------------------
     def position_of(self, topic: str, partition: int) -> int | None:
@@ -187,6 +195,8 @@ class KafkaIngestor:
         return None if done is None else done + 1
 
     def on_assigned(self, consumer: Any, assigned: Sequence[Any]) -> None:
+        # Positions come from Delta: let a flush under way commit first, so they include it.
+        self._finish_in_callback()
         for tp in assigned:
             position = self.position_of(tp.topic, tp.partition)
             if position is None:
@@ -196,7 +206,10 @@ class KafkaIngestor:
         log.info("%s assigned %s", self.member, sorted((tp.topic, tp.partition) for tp in assigned))
 
     def on_revoked(self, revoked: Sequence[Any]) -> None:
-        # The new owner re-reads from Delta; rows not flushed yet are simply dropped here.
+        # A flush under way lands (its commit is fenced by the offsets Delta records, see
+        # write_partitions_once), so the new owner's positions include it; rows not flushed yet
+        # are simply dropped here, and the new owner re-reads them from Delta's offsets.
+        self._finish_in_callback()
         for tp in revoked:
             self._pending.pop((tp.topic, tp.partition), None)
         log.info("%s revoked %s", self.member, sorted((tp.topic, tp.partition) for tp in revoked))
@@ -239,21 +252,49 @@ class KafkaIngestor:
         return True
 
     def flush(self, consumer: Any | None) -> FlushResult:
-        if not self._pending_count():
+        """Land what is buffered now and wait for it (after any flush under way)."""
+        self._finish_inflight(consumer)
+        if not self._start_flush():
             return FlushResult()
+        return self._finish_inflight(consumer) or FlushResult()
+
+    def _start_flush(self) -> bool:
+        """Hand the buffered messages to the flush thread; False when nothing is buffered."""
+        if not self._pending_count():
+            return False
+        assert self._inflight is None, "one flush at a time"
         by_topic: dict[str, list[Any]] = defaultdict(list)
         for (topic, _), messages in self._pending.items():
             by_topic[topic].extend(messages)
         self._seq += 1
-        last = {tp: msgs[-1].offset for tp, msgs in self._pending.items() if msgs}
-        result = self.flush_fn(by_topic, f"{self.member}-{self._seq}")
-        self._pending.clear()
+        self._inflight_offsets = {tp: msgs[-1].offset for tp, msgs in self._pending.items() if msgs}
+        self._pending = defaultdict(list)
+        self._inflight = self._flusher.submit(self.flush_fn, by_topic, f"{self.member}-{self._seq}")
+        return True
+
+    def _finish_in_callback(self) -> None:
+        # kafka-python logs and swallows what a rebalance listener raises: keep a failed flush
+        # for the main loop to raise.
+        try:
+            self._finish_inflight(None)
+        except Exception as exc:
+            self._failed = exc
+
+    def _finish_inflight(self, consumer: Any | None, wait: bool = True) -> FlushResult | None:
+        """Collect the flush under way (waiting for it unless ``wait`` is False): its figures, and
+        its offsets committed to Kafka for monitoring. A failed flush raises here: the process
+        stops, and the next one re-reads from the offsets Delta recorded."""
+        if self._inflight is None or (not wait and not self._inflight.done()):
+            return None
+        future, self._inflight = self._inflight, None
+        result = future.result()
         self.stats.flushes += 1
         self.stats.messages += result.messages
         self.stats.landed += sum(result.landed.values())
         self.stats.quarantined += result.quarantined
-        if consumer is not None and last:
-            self._commit_for_monitoring(consumer, last)
+        if consumer is not None and self._inflight_offsets:
+            self._commit_for_monitoring(consumer, self._inflight_offsets)
+        self._inflight_offsets = {}
         return result
 
     def _commit_for_monitoring(self, consumer: Any, last: Mapping[TopicPartition, int]) -> None:
@@ -275,24 +316,38 @@ class KafkaIngestor:
                 # A long poll while idle: kafka-python 3.0 drops a group join that completes while
                 # the caller is outside poll(), so idle loops should spend their time inside it.
                 timeout = 500 if self._pending_count() else 2000
-                polled = consumer.poll(timeout_ms=timeout, max_records=self.max_batch)
+                room = self.max_batch - self._pending_count()
+                polled = consumer.poll(timeout_ms=timeout, max_records=max(1, room))
+                if self._failed is not None:
+                    raise self._failed
                 for tp, messages in polled.items():
                     if messages:
                         self._pending[(tp.topic, tp.partition)].extend(messages)
                         last_activity = time.monotonic()
+                self._finish_inflight(consumer, wait=False)
                 full = self._pending_count() >= self.max_batch
                 due = time.monotonic() - last_flush >= self.max_wait
                 if full or (due and self._pending_count()):
-                    self.flush(consumer)
-                    last_flush = time.monotonic()
+                    # Pipelined: the batch commits on the flush thread while polling goes on. With
+                    # a full buffer and a flush still under way, wait for it (back-pressure: at most
+                    # two batches in memory, one landing and one filling).
+                    if self._inflight is not None and full:
+                        self._finish_inflight(consumer)
+                    if self._inflight is None:
+                        self._start_flush()
+                        last_flush = time.monotonic()
                 if self.once and self._caught_up(consumer):
-                    break
+                    break  # what is buffered or landing is finished below
                 if self.once and time.monotonic() - last_activity > idle_timeout:
                     log.warning("%s: nothing assigned or received for %.0fs, stopping", self.member, idle_timeout)
                     break
             self.flush(consumer)
         finally:
             try:
+                if self._inflight is not None:  # a poll failed while a flush was landing: let it land
+                    with contextlib.suppress(Exception):
+                        self._inflight.result()
+                self._flusher.shutdown(wait=True)
                 consumer.close(autocommit=False)
             except Exception as exc:  # closing must not hide the outcome
                 log.warning("closing the consumer failed: %s", exc)
