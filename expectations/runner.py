@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import great_expectations as gx
 import great_expectations.expectations as gxe
@@ -47,14 +47,18 @@ class Result:
         return asdict(self)
 
 
+Rows = TypeVar("Rows")
+
+
 @dataclass
-class Validation:
-    """A suite's results on a batch, and the batch split by the ``drop`` checks."""
+class Validation(Generic[Rows]):
+    """A suite's results on a batch, and the batch split by the ``drop`` checks (Spark DataFrames,
+    or Arrow tables from :mod:`expectations.arrow`)."""
 
     suite: Suite
     results: list[Result]
-    kept: DataFrame
-    dropped: DataFrame | None  # failing rows with the first failed check's name in ``_expectation``
+    kept: Rows
+    dropped: Rows | None  # failing rows with the first failed check's name in ``_expectation``
     seconds: float
 
     @property
@@ -165,7 +169,7 @@ def _figures_text(figures: DataFrame, check: Check) -> str:
     return " vs ".join(f"{n} {row[n]:,}" if row and row[n] is not None else f"{n} -" for n in names)
 
 
-def _outcome(check: Check, success: bool) -> str:
+def outcome(check: Check, success: bool) -> str:
     if success:
         return "passed"
     return {"warn": "warned", "drop": "dropped", "fail": "failed"}[check.policy]
@@ -195,7 +199,9 @@ def row_counts(df: DataFrame, suite: Suite, checks: list[Check]) -> tuple[int, l
     return int(counted["_rows"]), [int(counted[f"_f{i}"]) for i in range(len(checks))]
 
 
-def validate(df: DataFrame, suite: Suite, figures: DataFrame | None = None, rows: int | None = None) -> Validation:
+def validate(
+    df: DataFrame, suite: Suite, figures: DataFrame | None = None, rows: int | None = None
+) -> Validation[DataFrame]:
     """Run ``suite`` on ``df`` (persist it first: it is read more than once) and split off drops.
 
     Row-level checks are counted in one pass (:func:`row_counts`); checks on the whole batch run
@@ -216,7 +222,7 @@ def validate(df: DataFrame, suite: Suite, figures: DataFrame | None = None, rows
                 "row",
                 rows,
                 n_failed,
-                _outcome(check, n_failed == 0),
+                outcome(check, n_failed == 0),
                 None,
                 check.description,
             )
@@ -243,7 +249,7 @@ def validate(df: DataFrame, suite: Suite, figures: DataFrame | None = None, rows
                 "figures" if check.on == "figures" else "batch",
                 checked if frame is df else None,
                 failed,
-                _outcome(check, bool(res.success)),
+                outcome(check, bool(res.success)),
                 observed,
                 check.description,
             )
