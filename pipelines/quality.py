@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -26,6 +28,7 @@ from pipelines.eventlog import RunRecord
 from pipelines.layer_config import fanout_rules
 from pipelines.runner import Context, append_once
 from pipelines.storage import AppTxn
+from pipelines.storage.base import conform
 from pipelines.tables import BRONZE_QUARANTINE
 
 log = logging.getLogger("medallion")
@@ -136,6 +139,43 @@ def gate(ctx: Context, record: RunRecord, table: str, df: DataFrame, txn: AppTxn
         else:
             append_once(ctx.store, BRONZE_QUARANTINE, rows, AppTxn(f"{txn.app_id}#dropped", txn.version))
     return validation.kept
+
+
+def gate_arrow(ctx: Context, record: RunRecord, table: str, rows: pa.Table, kind: str) -> tuple[pa.Table, pa.Table]:
+    """Rows born in this process (a Kafka flush) -> (rows to write, quarantine rows of the ``drop``
+    checks), validated in Arrow when every check of the suite has an Arrow form, else in Spark.
+    Results are recorded as :func:`gate` records them; a ``fail`` raises before anything is written."""
+    empty = pa.Table.from_pylist([], schema=BRONZE_QUARANTINE.arrow_schema)
+    if not enabled(ctx):
+        return rows, empty
+    from expectations.arrow import validate_arrow
+    from expectations.runner import DROPPED_BY
+
+    suite = suite_for(ctx, table).for_batches()
+    validation = validate_arrow(rows, suite)
+    if validation is None:  # a check Arrow cannot run: the batch goes through Spark
+        df = ctx.spark.createDataFrame(rows).persist()
+        checked = run_suite(ctx, record, suite, df)
+        kept = checked.kept.toArrow()
+        dropped = None if checked.dropped is None else to_quarantine(checked.dropped, kind).toArrow()
+        df.unpersist()
+        return kept, dropped if dropped is not None else empty
+    record_results(record, validation)
+    if validation.failed:
+        raise ExpectationFailed(validation)
+    if validation.dropped is None:
+        return validation.kept, empty
+    ctx.say(validation.summary())
+    gone = validation.dropped
+    n = gone.num_rows
+    quarantine = {
+        "kind": pa.array([kind] * n, pa.string()),
+        RAW: pc.cast(gone[RAW], pa.binary()),
+        "reason": pc.binary_join_element_wise("expectation ", gone[DROPPED_BY], " failed", ""),
+        "expectation": gone[DROPPED_BY],
+        **{c: gone[c] if c in gone.column_names else pa.nulls(n) for c in LANDING_COLUMNS},
+    }
+    return validation.kept, conform(pa.table(quarantine), BRONZE_QUARANTINE.arrow_schema)
 
 
 def to_quarantine(dropped: DataFrame, kind: str) -> DataFrame:

@@ -75,6 +75,8 @@ class KafkaSettings(_Section):
     sasl_password: SecretStr | None = None
     max_message_bytes: int = Field(default=1_000_000, ge=1)
     session_timeout: Duration = timedelta(seconds=10)
+    #: Parse events in the ingest process (what Spark would accept alike; the rest goes to Spark).
+    parse_in_process: bool = True
 
     @field_validator("bootstrap_servers")
     @classmethod

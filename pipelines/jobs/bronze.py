@@ -13,8 +13,9 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from bronze.event_values import parse_event_values
 from bronze.events import BRONZE_EVENTS_COLUMNS, parse_events
-from bronze.landing import quarantined, valid
+from bronze.landing import LANDING_COLUMNS, quarantined, valid
 from bronze.page_changes import BRONZE_PAGE_CHANGES_COLUMNS, parse_page_changes
 from pipelines import quality
 from pipelines.errors import InputError
@@ -23,6 +24,7 @@ from pipelines.runner import Context, append_once, run_job
 from pipelines.sources import kafka
 from pipelines.sources.files import LandingFile, file_digests, landing_rows
 from pipelines.storage import AppTxn
+from pipelines.storage.base import conform
 from pipelines.tables import BRONZE_EVENTS, BRONZE_PAGE_CHANGES, BRONZE_QUARANTINE
 
 KINDS = {
@@ -46,22 +48,58 @@ class Landed:
         self.cached.unpersist()
 
 
-def parse_landing(ctx: Context, record: RunRecord, kind: str, landing: pa.Table | DataFrame) -> Landed:
+def parse_landing(
+    ctx: Context, record: RunRecord, kind: str, landing: pa.Table | DataFrame, gate: bool = True
+) -> Landed:
     """Landing rows -> the rows for the bronze table of ``kind`` and for the quarantine, one parse.
 
-    The parsed rows are validated with the bronze table's suite; rows a ``drop`` expectation
-    removes join the quarantine rows, so both land in the same commits as the batch.
+    The parsed rows are validated with the bronze table's suite (unless ``gate`` is False: the
+    caller validates them); rows a ``drop`` expectation removes join the quarantine rows, so both
+    land in the same commits as the batch.
     """
     target, parser, columns = KINDS[kind]
     rows = ctx.spark.createDataFrame(landing) if isinstance(landing, pa.Table) else landing
     parsed = rows.transform(parser(ctx.settings.kafka.max_message_bytes)).persist()
     good, bad = valid(parsed, columns), quarantined(parsed, kind)
-    if quality.enabled(ctx):
+    if gate and quality.enabled(ctx):
         checked = quality.run_suite(ctx, record, quality.suite_for(ctx, target.key).for_batches(), good)
         good = checked.kept
         if checked.dropped is not None:
             bad = bad.unionByName(quality.to_quarantine(checked.dropped, kind))
     return Landed(good, bad, parsed)
+
+
+def land_messages(
+    ctx: Context, record: RunRecord, kind: str, messages: Sequence[Any], batch_id: str, now: datetime
+) -> tuple[pa.Table, pa.Table]:
+    """A flush's messages -> (bronze rows, quarantine rows) in Arrow, validated.
+
+    Events the in-process parser is sure of skip Spark (``kafka.parse_in_process``); the others,
+    and every page change, are parsed by Spark. All rows are then validated in one pass.
+    """
+    target, _, columns = KINDS[kind]
+    landing = kafka.landing_rows(messages, batch_id, now)
+    schema = target.arrow_schema
+    good: list[pa.Table] = []
+    bad: list[pa.Table] = []
+    rest = landing
+    if kind == "events" and ctx.settings.kafka.parse_in_process:
+        parsed = parse_event_values([m.value for m in messages], ctx.settings.kafka.max_message_bytes)
+        if parsed.accepted:
+            where = landing.take(pa.array(parsed.accepted, pa.int64()))
+            fields = {**{c: parsed.rows[c] for c in parsed.rows.column_names}, **{c: where[c] for c in LANDING_COLUMNS}}
+            good.append(conform(pa.table({c: fields[c] for c in columns}), schema))
+        rest = landing.take(pa.array(parsed.deferred, pa.int64()))
+        record.add(parsed_in_process=len(parsed.accepted), parsed_by_spark=len(parsed.deferred))
+    if rest.num_rows:
+        landed = parse_landing(ctx, record, kind, rest, gate=False)
+        # Bounded by --max-batch: the rows of one flush, which commit with their offsets.
+        good.append(conform(landed.good.toArrow(), schema))
+        bad.append(conform(landed.bad.toArrow(), BRONZE_QUARANTINE.arrow_schema))
+        landed.release()
+    rows = pa.concat_tables(good) if good else schema.empty_table()
+    kept, dropped = quality.gate_arrow(ctx, record, target.key, rows, kind)
+    return kept, pa.concat_tables([*bad, dropped]) if bad else dropped
 
 
 def _of(files: Sequence[tuple[LandingFile, AppTxn]]) -> Column:
@@ -168,11 +206,9 @@ def ingest_kafka(
             now = datetime.now(UTC)
             for topic, messages in by_topic.items():
                 target = KINDS[kinds[topic]][0]
-                parsed = parse_landing(ctx, record, kinds[topic], kafka.landing_rows(messages, batch_id, now))
                 # A flush's rows were born in this process (the consumer) and are bounded by
-                # --max-batch: they go back to Arrow so each partition's offsets commit with them.
-                good, bad = parsed.good.toArrow(), parsed.bad.toArrow()
-                parsed.release()
+                # --max-batch: they stay in Arrow so each partition's offsets commit with them.
+                good, bad = land_messages(ctx, record, kinds[topic], messages, batch_id, now)
                 last = kafka.last_offsets(messages)
                 kafka.write_partitions_once(ctx.store, BRONZE_QUARANTINE, bad, last, group)
                 landed = kafka.write_partitions_once(ctx.store, target, good, last, group)

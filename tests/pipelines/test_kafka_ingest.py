@@ -99,7 +99,7 @@ def test_once_lands_valid_messages_once_and_quarantines_the_rest(
     assert table(lake, "bronze/quarantine").num_rows == 3
 
 
-def ingest_cmd(*extra: str) -> list[str]:
+def ingest_cmd(*extra: str, max_batch: int = 300) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -108,7 +108,7 @@ def ingest_cmd(*extra: str) -> list[str]:
         "kafka",
         "--once",
         "--max-batch",
-        "300",
+        str(max_batch),
         "--max-wait",
         "0.5",
         *extra,
@@ -134,8 +134,9 @@ def test_kill_9_at_random_moments_then_restart_lands_everything_exactly_once(
     rng = random.Random(20261121)
     kills = 0
     for _ in range(4):
+        # Small batches: many commits, so a kill lands mid-stream (larger ones land it all at once).
         proc = subprocess.Popen(
-            ingest_cmd("--topics", ev), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            ingest_cmd("--topics", ev, max_batch=40), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         time.sleep(rng.uniform(7.0, 16.0))
         if proc.poll() is None:
