@@ -196,6 +196,18 @@ def kll_quantiles(summary: Any) -> dict[tuple[int, str], float]:
     }
 
 
+def assert_quantiles_close(got: dict[tuple[int, str], float], expected: dict[tuple[int, str], float]) -> None:
+    """Two runs' KLL quantiles, which agree within the sketch's rank error, not to the digit.
+
+    A sketch compacts with a random coin, so each run's p99 sits somewhere within about 1.3% of
+    rank around the true one; on the latencies' long tail that is a wide span of values (a CI run
+    saw 656.5 vs 523.3 ms), while the median's neighbourhood is dense.
+    """
+    assert got.keys() == expected.keys() and expected
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, rel=0.05 if key[1] == "p50_ms" else 0.5), key
+
+
 #: As on serverless or standard-access compute: a Spark Connect session, tables by catalog name.
 CONNECT_AND_NAMES = {
     "MEDALLION_SPARK__REMOTE": "local[2]",
@@ -219,8 +231,7 @@ def test_demo_on_delta_spark_gives_the_same_figures_as_on_delta_rs(
     q_spark, q_rs = kll_quantiles(on_spark), kll_quantiles(on_rs)
     assert on_spark == on_rs
     assert q_spark.keys() == q_rs.keys() and q_rs
-    for key, value in q_rs.items():
-        assert q_spark[key] == pytest.approx(value, rel=0.05 if key[1] == "p50_ms" else 0.25), key
+    assert_quantiles_close(q_spark, q_rs)
     # Written by Delta on Spark indeed: its commits carry Spark's engineInfo, delta-rs's do not.
     (last,) = DeltaTable(str(spark_lake / "gold/property_values")).history(1)
     assert "Delta-Lake/" in last.get("engineInfo", ""), last
@@ -253,8 +264,7 @@ def test_demo_on_a_standalone_spark_cluster_gives_the_same_figures_as_locally(
     on_cluster, local = figures(out.stdout, cluster_lake), figures((lake.parent / "first.json").read_text(), lake)
     q_cluster, q_local = kll_quantiles(on_cluster), kll_quantiles(local)
     assert on_cluster == local
-    for key, value in q_local.items():
-        assert q_cluster[key] == pytest.approx(value, rel=0.05 if key[1] == "p50_ms" else 0.25), key
+    assert_quantiles_close(q_cluster, q_local)
     # The work ran on the cluster: the master saw the application, and its executor ran tasks.
     apps = spark_cluster.state()["completedapps"]
     assert [a["name"] for a in apps] == ["medallion"], apps
