@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from bronze.landing import LANDING_SCHEMA
 from pipelines.fixtures import PAGE_CHANGE_FILES
@@ -39,6 +40,14 @@ def landing(spark: SparkSession, records: list[bytes], name: str = "/tmp/input.j
         }
     )
     return conform_df(spark.createDataFrame(table), LANDING_SCHEMA)
+
+
+def object_values(df: DataFrame) -> DataFrame:
+    """Bronze event rows with ``properties`` and ``person_properties`` as Spark renders the values
+    they parse to, so two spellings of one JSON object compare equal."""
+    for name in ("properties", "person_properties"):
+        df = df.withColumn(name, F.to_json(F.try_parse_json(name)))
+    return df
 
 
 def fixture_page_changes(spark: SparkSession) -> DataFrame:

@@ -15,12 +15,11 @@ from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
 from bronze.event_values import parse_event_values
 from bronze.events import parse_events
 from pipelines.fixtures import posthog_events
-from tests.helpers import landing
+from tests.helpers import landing, object_values
 
 MAX_BYTES = 1 << 20
 FIXTURES = list(posthog_events())
@@ -132,18 +131,7 @@ def spark_rows(spark: SparkSession, values: list[bytes | None]) -> dict[int, Any
     Spark renders the value they parse to."""
     rows = [v if v is not None else None for v in values]
     df = landing(spark, rows)  # type: ignore[arg-type]
-    parsed = df.transform(parse_events(MAX_BYTES)).select(
-        "offset",
-        "reason",
-        "uuid",
-        "event",
-        "team_id",
-        "distinct_id",
-        "timestamp",
-        F.to_json(F.try_parse_json("properties")).alias("properties"),
-        F.to_json(F.try_parse_json("person_properties")).alias("person_properties"),
-        "raw",
-    )
+    parsed = df.transform(parse_events(MAX_BYTES)).transform(object_values)
     return {r["offset"]: r for r in parsed.collect()}  # a few thousand test rows
 
 
@@ -157,11 +145,7 @@ def assert_agrees(spark: SparkSession, values: list[bytes | None]) -> list[int]:
     texts = spark.createDataFrame(
         [(i, r["properties"], r["person_properties"]) for i, r in enumerate(rows)],
         "i int, properties string, person_properties string",
-    ).select(
-        "i",
-        F.to_json(F.try_parse_json("properties")).alias("properties"),
-        F.to_json(F.try_parse_json("person_properties")).alias("person_properties"),
-    )
+    ).transform(object_values)
     rendered = {r["i"]: r for r in texts.collect()}
     for k, (position, row) in enumerate(zip(ours.accepted, rows, strict=True)):
         spark_row = theirs[position]

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
 from pipelines.eventlog import RunRecord
 from pipelines.fixtures import posthog_events
@@ -22,6 +21,7 @@ from pipelines.jobs.bronze import land_messages
 from pipelines.runner import Context
 from pipelines.settings import load_settings
 from pipelines.storage import open_store
+from tests.helpers import object_values
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -57,22 +57,7 @@ def land(spark: SparkSession, tmp_path: Path, in_process: bool) -> tuple[pa.Tabl
 
 
 def comparable(spark: SparkSession, rows: pa.Table) -> list[tuple]:
-    df = spark.createDataFrame(rows).select(
-        "offset",
-        "uuid",
-        "event",
-        "team_id",
-        "distinct_id",
-        "timestamp",
-        F.to_json(F.try_parse_json("properties")).alias("properties"),
-        F.to_json(F.try_parse_json("person_properties")).alias("person_properties"),
-        "raw",
-        "topic",
-        "partition",
-        "kafka_timestamp",
-        "ingest_time",
-        "batch_id",
-    )
+    df = spark.createDataFrame(rows).transform(object_values).drop("source", "source_file")
     return sorted(tuple(r) for r in df.collect())  # a hundred test rows
 
 
