@@ -154,6 +154,7 @@ def gate_arrow(ctx: Context, record: RunRecord, table: str, rows: pa.Table, kind
     suite = suite_for(ctx, table).for_batches()
     validation = validate_arrow(rows, suite)
     if validation is None:  # a check Arrow cannot run: the batch goes through Spark
+        # The rows came from this process (one flush, bounded by --max-batch) and go back to it.
         df = ctx.spark.createDataFrame(rows).persist()
         checked = run_suite(ctx, record, suite, df)
         kept = checked.kept.toArrow()
