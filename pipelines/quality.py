@@ -145,7 +145,7 @@ def gate_arrow(ctx: Context, record: RunRecord, table: str, rows: pa.Table, kind
     """Rows born in this process (a Kafka flush) -> (rows to write, quarantine rows of the ``drop``
     checks), validated in Arrow when every check of the suite has an Arrow form, else in Spark.
     Results are recorded as :func:`gate` records them; a ``fail`` raises before anything is written."""
-    empty = pa.Table.from_pylist([], schema=BRONZE_QUARANTINE.arrow_schema)
+    empty = BRONZE_QUARANTINE.arrow_schema.empty_table()
     if not enabled(ctx):
         return rows, empty
     from expectations.arrow import validate_arrow

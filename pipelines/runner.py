@@ -77,15 +77,13 @@ def check_split(
     store: TableStore, job: str, source: TableSpec, target: TableSpec, buckets: Sequence[int] | None, count: int
 ) -> None:
     """Refuse a run over ``buckets`` that overlaps, without being, a split ``job`` already ran with
-    on ``target``.
+    on ``target`` (which exists: the jobs ensure it first).
 
     Progress is kept per bucket set (the app id names it), so two different sets that share a
     bucket would each process that bucket's rows: counted twice. With up to
     :data:`SPLIT_CHECK_ALL_SETS` buckets every set is looked up (one read of the target's app
     transactions); with more, all buckets at once and each single bucket, the splits one runs with.
     """
-    if not store.exists(target):
-        return
     everything = tuple(range(count))
     chosen = frozenset(buckets) if buckets else frozenset(everything)
     if count <= SPLIT_CHECK_ALL_SETS:

