@@ -18,7 +18,7 @@ import yaml
 from pipelines import jobs
 from pipelines.metrics import dropped_late, query
 from pipelines.runner import Context
-from pipelines.sources.remote_write import Series
+from pipelines.sources.remote_write import Series, from_series
 from pipelines.sources.remote_write_server import samples_table
 from pipelines.storage import AppTxn
 from pipelines.tables import BRONZE_SAMPLES, GOLD_METRIC_WINDOWS, SILVER_METRIC_PANES
@@ -89,7 +89,7 @@ def run_metrics(ctx: Context) -> dict[str, Any]:
         config.write_text(yaml.safe_dump({"metrics": {"aggregations": aggs}}, sort_keys=False))
     ctx.store.ensure(BRONZE_SAMPLES)
     if ctx.store.txn_version(BRONZE_SAMPLES, DEMO_APP) is None:
-        table = samples_table(demo_series(), "prometheus", "demo", START + timedelta(hours=1))
+        table = samples_table(from_series(demo_series()), "prometheus", "demo", START + timedelta(hours=1))
         ctx.store.append(BRONZE_SAMPLES, table, [AppTxn(DEMO_APP, 1)])
         ctx.say(f"bronze: landed {table.num_rows:,} remote-write samples")
     jobs.silver_metric_panes(ctx, drain=True)

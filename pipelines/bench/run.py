@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from pipelines import jobs
@@ -389,8 +390,10 @@ def metric_panes_stage(b: Bench, w: Workload) -> None:
     from pipelines.sources.remote_write import SNAPPY, decode
     from pipelines.sources.remote_write_server import samples_table
 
-    series = [s for body in w.remote_write_bodies for s in decode(body, SNAPPY, 1 << 30)]
-    table = samples_table(series, "prometheus", "bench", datetime.now(UTC))
+    now = datetime.now(UTC)
+    table = pa.concat_tables(
+        samples_table(decode(body, SNAPPY, 1 << 30), "prometheus", "bench", now) for body in w.remote_write_bodies
+    )
     for stage, shape in PANE_SHAPES.items():
         fig = b.figure(stage, "samples")
         aggregation = {

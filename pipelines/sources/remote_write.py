@@ -2,9 +2,10 @@
 
 A remote-write request is a protobuf ``prometheus.WriteRequest`` (Prometheus Remote-Write 1.0,
 see ``remote_write.proto``), compressed with snappy's *block* format by Prometheus or with zstd by
-VictoriaMetrics' vmagent. This module turns such a body into plain :class:`Series` values and back.
+VictoriaMetrics' vmagent. This module turns such a body into Arrow columns (:data:`SERIES_SCHEMA`,
+what the receiver lands) and :class:`Series` values into a body (what a sender sends).
 
-It is deliberately pure (no I/O, no global state) and bounded, so the HTTP server can map every
+It is deliberately pure (no I/O; its one global is the parser, built once) and bounded, so the HTTP server can map every
 outcome to a response without ever answering 5xx on bad input:
 
 * every rejection is a :class:`RemoteWriteError` whose ``status`` is the HTTP status to answer
@@ -18,16 +19,20 @@ from __future__ import annotations
 
 import hashlib
 import mmap
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from operator import itemgetter
+from typing import Any
 
 import cramjam
-from google.protobuf.message import DecodeError
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipelines.sources import remote_write_pb2 as pb
 
 __all__ = [
+    "SERIES_SCHEMA",
     "SNAPPY",
     "ZSTD",
     "BodyTooLarge",
@@ -38,8 +43,11 @@ __all__ = [
     "decode",
     "decompress",
     "encode",
+    "from_series",
     "parse_write_request",
     "series_id",
+    "series_ids",
+    "to_series",
 ]
 
 SNAPPY = "snappy"
@@ -64,15 +72,26 @@ class UndecodableBody(RemoteWriteError):
     status = 400
 
 
+#: A decoded request, one row per series: its labels, sorted by name (labels sharing a name keep
+#: the order they were received in), then its samples in the order received. Values keep NaN as
+#: received, payload bits included, because Prometheus marks staleness with one particular NaN.
+SERIES_SCHEMA = pa.schema(
+    [
+        ("labels", pa.list_(pa.struct([("name", pa.string()), ("value", pa.string())]))),
+        ("timestamps_ms", pa.list_(pa.int64())),
+        ("values", pa.list_(pa.float64())),
+    ]
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Series:
     """One time series of a request.
 
-    ``labels`` are sorted by name; labels sharing a name (invalid, but not ours to drop) keep the
-    order they were received in. ``timestamps_ms[i]`` and ``values[i]`` form one sample, in the
-    order received. Values keep NaN as received, payload bits included, because Prometheus marks
-    staleness with one particular NaN; that holds for protobuf's upb (default) and cpp backends,
-    while the pure-Python backend turns every NaN into the canonical one.
+    Decoded, ``labels`` are sorted by name; labels sharing a name (invalid, but not ours to drop)
+    keep the order they were received in. ``timestamps_ms[i]`` and ``values[i]`` form one sample,
+    in the order received. Encoding keeps NaN payload bits with protobuf's upb (default) and cpp
+    backends; the pure-Python backend turns every NaN into the canonical one.
     """
 
     labels: tuple[tuple[str, str], ...]
@@ -97,35 +116,84 @@ def decompress(body: bytes, encoding: str | None, max_decoded_bytes: int) -> byt
     raise UnsupportedEncoding(f"unsupported Content-Encoding {encoding!r}; expected snappy or zstd")
 
 
-def parse_write_request(raw: bytes) -> list[Series]:
-    """Parse an uncompressed ``WriteRequest``; exemplars, histograms and metadata are not returned."""
-    request = pb.WriteRequest()
+def parse_write_request(raw: bytes) -> pa.Table:
+    """Parse an uncompressed ``WriteRequest`` into columns, one row per series (:data:`SERIES_SCHEMA`).
+
+    ptars reads the protobuf wire format straight into Arrow builders in Rust, so no Python
+    object is made per series or sample; exemplars, histograms and metadata are parsed but not
+    returned. Labels are then sorted by name within each series, stably, in Arrow.
+    """
     try:
-        request.ParseFromString(raw)
-    # upb raises DecodeError for everything; the pure-Python backend lets UnicodeDecodeError (a
-    # ValueError) through for invalid UTF-8 in a string field.
-    except (DecodeError, ValueError) as exc:
+        batch = _request_handler().list_to_record_batch([raw])
+    # ptars raises ValueError for malformed bytes and invalid UTF-8 in a string field; a panic in
+    # its Rust code would surface as pyo3's PanicException, which is not an Exception subclass.
+    except BaseException as exc:
+        if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
+            raise
         raise UndecodableBody(f"body is not a prometheus.WriteRequest: {exc}") from exc
-    by_name = itemgetter(0)
-    # Reading a upb message field costs a wrapper object per element, which dominates decoding:
-    # every field is read once, samples are materialised once for their two passes, and the
-    # per-element work stays inside comprehensions.
-    result = []
-    for ts in request.timeseries:
-        samples = list(ts.samples)
-        result.append(
-            Series(
-                tuple(sorted([(label.name, label.value) for label in ts.labels], key=by_name)),
-                [sample.timestamp for sample in samples],
-                [sample.value for sample in samples],
-            )
-        )
-    return result
+    series = batch.column(0).flatten()  # one message: the request's timeseries, in order
+    labels, samples = series.field("labels"), series.field("samples")
+    names, _ = labels.flatten().flatten()
+    order = pc.sort_indices(
+        pa.table({"series": pc.list_parent_indices(labels), "name": names}),
+        sort_keys=[("series", "ascending"), ("name", "ascending")],  # Arrow's sort is stable
+    )
+    values, timestamps = samples.flatten().flatten()
+    return pa.table(
+        [
+            _relist(labels, labels.flatten().take(order)),
+            _relist(samples, timestamps),
+            _relist(samples, values),
+        ],
+        schema=SERIES_SCHEMA,
+    )
 
 
-def decode(body: bytes, encoding: str | None, max_decoded_bytes: int) -> list[Series]:
+def decode(body: bytes, encoding: str | None, max_decoded_bytes: int) -> pa.Table:
     """Decompress and parse a remote-write body; the only exceptions are :class:`RemoteWriteError`."""
     return parse_write_request(decompress(body, encoding, max_decoded_bytes))
+
+
+def to_series(table: pa.Table) -> list[Series]:
+    """The rows of a decoded request as :class:`Series` values (for tests and small requests)."""
+    return [
+        Series(tuple((label["name"], label["value"]) for label in labels), timestamps, values)
+        for labels, timestamps, values in zip(*(table.column(c).to_pylist() for c in SERIES_SCHEMA.names), strict=True)
+    ]
+
+
+def from_series(series: Iterable[Series]) -> pa.Table:
+    """:class:`Series` values as the decoded columns, labels in the order held (demo data, tests)."""
+    rows = list(series)
+    return pa.table(
+        {
+            "labels": [[{"name": n, "value": v} for n, v in s.labels] for s in rows],
+            "timestamps_ms": [s.timestamps_ms for s in rows],
+            "values": [s.values for s in rows],
+        },
+        schema=SERIES_SCHEMA,
+    )
+
+
+def _relist(lists: pa.ListArray, flat: pa.Array) -> pa.ListArray:
+    """``flat`` (as many items as ``lists`` holds, in order) cut into the lists ``lists`` has."""
+    lengths = pc.list_value_length(lists).to_numpy(zero_copy_only=False)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), flat)
+
+
+_handler: Any = None
+_handler_lock = threading.Lock()
+
+
+def _request_handler() -> Any:
+    global _handler
+    with _handler_lock:
+        if _handler is None:
+            from ptars import HandlerPool
+
+            _handler = HandlerPool([pb.WriteRequest.DESCRIPTOR.file]).get_for_message(pb.WriteRequest.DESCRIPTOR)
+        return _handler
 
 
 def encode(series: Iterable[Series], encoding: str = SNAPPY) -> bytes:
@@ -158,24 +226,35 @@ def encode(series: Iterable[Series], encoding: str = SNAPPY) -> bytes:
 
 
 def series_id(labels: Sequence[tuple[str, str]]) -> int:
-    """Stable signed 64-bit id of a label set, e.g. for partitioning and joins in the lakehouse.
+    """Stable signed 64-bit id of one label set; see :func:`series_ids`."""
+    table = from_series([Series(tuple(labels), [], [])])
+    return int(series_ids(table.column("labels").combine_chunks())[0].as_py())
+
+
+def series_ids(labels: pa.ListArray) -> pa.Int64Array:
+    """Stable signed 64-bit id of each label set, e.g. for partitioning and joins in the lakehouse.
 
     The id is the BLAKE2b-64 digest of ``name 0xFF value 0xFE`` for each label (UTF-8), taken in
-    sorted order, read as a signed big-endian int64 (Spark's ``LongType``). It is independent of
-    the order the labels are given in and depends only on the label strings, never on the process
-    (unlike ``hash()``, which is salted per process), the platform or this library's version; the
-    tests pin known values so a change to it cannot go unnoticed. 0xFF and 0xFE never occur in
-    UTF-8, so distinct label sets cannot collide by re-splitting the same bytes.
+    ``(name, value)`` order, read as a signed big-endian int64 (Spark's ``LongType``). It is
+    independent of the order the labels are given in and depends only on the label strings, never
+    on the process (unlike ``hash()``, which is salted per process), the platform or this
+    library's version; the tests pin known values so a change to it cannot go unnoticed. 0xFF and
+    0xFE never occur in UTF-8, so distinct label sets cannot collide by re-splitting the same
+    bytes. Sorting by value as well as name keeps the id order-independent even for the invalid
+    case of a repeated label name.
+
+    The keys are built in Arrow; only the digest is taken per label set in Python.
     """
-    hasher = hashlib.blake2b(digest_size=8)
-    # Sorting by (name, value) rather than by name alone keeps the id order-independent even for
-    # the invalid case of a repeated label name.
-    for name, value in sorted(labels):
-        hasher.update(name.encode())
-        hasher.update(b"\xff")
-        hasher.update(value.encode())
-        hasher.update(b"\xfe")
-    return int.from_bytes(hasher.digest(), "big", signed=True)
+    names, values = (a.cast(pa.binary()) for a in labels.flatten().flatten())
+    order = pc.sort_indices(
+        pa.table({"set": pc.list_parent_indices(labels), "name": names, "value": values}),
+        sort_keys=[("set", "ascending"), ("name", "ascending"), ("value", "ascending")],
+    )
+    pairs = pc.binary_join_element_wise(names.take(order), values.take(order), b"\xff")
+    pieces = pc.binary_join_element_wise(pairs, pa.nulls(len(pairs), pa.binary()).fill_null(b""), b"\xfe")
+    keys = pc.binary_join(_relist(labels, pieces), b"").to_pylist()
+    digests = b"".join(hashlib.blake2b(key, digest_size=8).digest() for key in keys)
+    return pa.array(np.frombuffer(digests, dtype=">i8").astype(np.int64), pa.int64())
 
 
 # The snappy block format starts with the decoded length as a little-endian base-128 varint;

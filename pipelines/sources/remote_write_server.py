@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -71,29 +72,35 @@ class Metrics:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def samples_table(series: list[codec.Series], source: str, batch_id: str, now: datetime) -> pa.Table:
-    """Decoded series -> one row per sample in the bronze/samples layout.
+def samples_table(series: pa.Table, source: str, batch_id: str, now: datetime) -> pa.Table:
+    """Decoded series (:data:`codec.SERIES_SCHEMA`) -> one row per sample in the bronze/samples layout.
 
-    Per-series columns (name, labels, id) are built once per series and repeated per sample with
-    Arrow's ``take``, which copies in C++ rather than building a label map per sample in Python.
+    Per-series columns (name, labels, id) are computed once per series and repeated per sample
+    with Arrow's ``take``; nothing is built per sample in Python.
     """
-    kept = [s for s in series if s.values]
+    labels = series.column("labels").combine_chunks()
+    names, values = labels.flatten().flatten()
+    # A series' metric name is its last ``__name__`` label, as a dict of its labels would keep it.
+    named = pc.equal(names, "__name__").to_numpy(zero_copy_only=False)
+    owner = pc.list_parent_indices(labels).to_numpy()[named]
+    last = np.flatnonzero(np.append(owner[1:] != owner[:-1], True)) if owner.size else owner
+    position = np.full(len(series), -1, np.int64)
+    position[owner[last]] = np.flatnonzero(named)[last]
     per_series = pa.table(
         {
-            "metric_name": pa.array([dict(s.labels).get("__name__") for s in kept], pa.string()),
-            "labels": pa.array([list(s.labels) for s in kept], pa.map_(pa.string(), pa.string())),
-            "series_id": pa.array([codec.series_id(s.labels) for s in kept], pa.int64()),
+            "metric_name": values.take(pa.array(position, mask=position < 0)),
+            "labels": pa.MapArray.from_arrays(pc.subtract(labels.offsets, labels.offsets[0]), names, values),
+            "series_id": codec.series_ids(labels),
         }
     )
-    index = pa.array([i for i, s in enumerate(kept) for _ in s.values], pa.int32())
-    table = per_series.take(index)
+    timestamps = series.column("timestamps_ms").combine_chunks()
+    table = per_series.take(pc.list_parent_indices(timestamps))
     count = table.num_rows
-    timestamps = pa.array([t for s in kept for t in s.timestamps_ms], pa.int64())
-    table = table.append_column("timestamp", pc.multiply(timestamps, 1000).cast(pa.timestamp("us", tz="UTC")))
-    table = table.append_column("value", pa.array([v for s in kept for v in s.values], pa.float64()))
-    table = table.append_column("ingest_time", pa.array([now] * count, pa.timestamp("us", tz="UTC")))
-    table = table.append_column("source", pa.array([source] * count, pa.string()))
-    table = table.append_column("batch_id", pa.array([batch_id] * count, pa.string()))
+    table = table.append_column("timestamp", pc.multiply(timestamps.flatten(), 1000).cast(pa.timestamp("us", tz="UTC")))
+    table = table.append_column("value", series.column("values").combine_chunks().flatten())
+    table = table.append_column("ingest_time", pa.repeat(pa.scalar(now, pa.timestamp("us", tz="UTC")), count))
+    table = table.append_column("source", pa.repeat(pa.scalar(source, pa.string()), count))
+    table = table.append_column("batch_id", pa.repeat(pa.scalar(batch_id, pa.string()), count))
     return conform(table, SAMPLES_ARROW)
 
 

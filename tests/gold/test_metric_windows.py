@@ -18,7 +18,7 @@ from pipelines import jobs
 from pipelines.metrics import dropped_late, query
 from pipelines.runner import Context
 from pipelines.settings import load_settings
-from pipelines.sources.remote_write import Series
+from pipelines.sources.remote_write import Series, from_series
 from pipelines.sources.remote_write_server import samples_table
 from pipelines.storage import open_store
 from pipelines.tables import BRONZE_SAMPLES, GOLD_METRIC_WINDOWS
@@ -38,7 +38,7 @@ def land(ctx: Context, samples: list[Sample]) -> None:
     """One bronze commit holding ``samples`` in the order given (one Series per sample keeps it)."""
     series = [Series(labels, [t], [v]) for labels, t, v in samples]
     ctx.store.ensure(BRONZE_SAMPLES)
-    ctx.store.append(BRONZE_SAMPLES, samples_table(series, "prometheus", "test", datetime.now(UTC)))
+    ctx.store.append(BRONZE_SAMPLES, samples_table(from_series(series), "prometheus", "test", datetime.now(UTC)))
 
 
 def step(ctx: Context, drain: bool = False) -> None:

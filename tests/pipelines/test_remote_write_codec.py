@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from pipelines.sources import remote_write_pb2 as pb
 from pipelines.sources.remote_write import (
+    SERIES_SCHEMA,
     SNAPPY,
     ZSTD,
     BodyTooLarge,
@@ -25,8 +26,11 @@ from pipelines.sources.remote_write import (
     decode,
     decompress,
     encode,
+    from_series,
     parse_write_request,
     series_id,
+    series_ids,
+    to_series,
 )
 
 MB = 1 << 20
@@ -70,6 +74,10 @@ def assert_same_series(decoded: Sequence[Series], sent: Sequence[Series]) -> Non
         assert same_floats(got.values, want.values), (got.values, want.values)
 
 
+def decoded(body: bytes, encoding: str | None, max_decoded_bytes: int) -> list[Series]:
+    return to_series(decode(body, encoding, max_decoded_bytes))
+
+
 def snappy(raw: bytes) -> bytes:
     return bytes(cramjam.snappy.compress_raw(raw))
 
@@ -83,13 +91,13 @@ UP = Series(labels=(("__name__", "up"), ("job", "node")), timestamps_ms=[1_000, 
 @ROUND_TRIP
 @given(series=st.lists(series_strategy(), max_size=5))
 def test_snappy_round_trip_preserves_labels_timestamps_and_values(series: list[Series]) -> None:
-    assert_same_series(decode(encode(series, SNAPPY), SNAPPY, 16 * MB), series)
+    assert_same_series(decoded(encode(series, SNAPPY), SNAPPY, 16 * MB), series)
 
 
 @ROUND_TRIP
 @given(series=st.lists(series_strategy(), max_size=5))
 def test_zstd_round_trip_preserves_labels_timestamps_and_values(series: list[Series]) -> None:
-    assert_same_series(decode(encode(series, ZSTD), ZSTD, 16 * MB), series)
+    assert_same_series(decoded(encode(series, ZSTD), ZSTD, 16 * MB), series)
 
 
 @pytest.mark.skipif(
@@ -98,7 +106,7 @@ def test_zstd_round_trip_preserves_labels_timestamps_and_values(series: list[Ser
 )
 def test_nan_and_the_staleness_marker_survive_bit_for_bit() -> None:
     sent = Series((("__name__", "x"),), [1, 2, 3], [math.nan, STALE_NAN, -math.inf])
-    (got,) = decode(encode([sent]), SNAPPY, MB)
+    (got,) = decoded(encode([sent]), SNAPPY, MB)
     assert math.isnan(got.values[0]) and math.isnan(got.values[1])
     assert struct.pack("<d", got.values[1]) == struct.pack("<d", STALE_NAN)
     assert got.values[2] == -math.inf
@@ -106,29 +114,29 @@ def test_nan_and_the_staleness_marker_survive_bit_for_bit() -> None:
 
 def test_labels_come_back_sorted_by_name() -> None:
     sent = Series((("zone", "a"), ("__name__", "up"), ("job", "node")), [1], [1.0])
-    (got,) = decode(encode([sent]), SNAPPY, MB)
+    (got,) = decoded(encode([sent]), SNAPPY, MB)
     assert got.labels == (("__name__", "up"), ("job", "node"), ("zone", "a"))
 
 
 def test_repeated_label_names_keep_their_received_order() -> None:
     sent = Series((("b", "2"), ("a", "z"), ("b", "1"), ("", "empty name")), [], [])
-    (got,) = decode(encode([sent]), SNAPPY, MB)
+    (got,) = decoded(encode([sent]), SNAPPY, MB)
     assert got.labels == (("", "empty name"), ("a", "z"), ("b", "2"), ("b", "1"))
 
 
 def test_series_without_a_metric_name_is_still_returned() -> None:
     sent = Series(labels=(("job", "node"),), timestamps_ms=[5], values=[2.5])
-    assert decode(encode([sent]), SNAPPY, MB) == [sent]
+    assert decoded(encode([sent]), SNAPPY, MB) == [sent]
 
 
 def test_empty_request_decodes_to_no_series() -> None:
-    assert decode(encode([], SNAPPY), SNAPPY, MB) == []
-    assert decode(encode([], ZSTD), ZSTD, MB) == []
+    assert decoded(encode([], SNAPPY), SNAPPY, MB) == []
+    assert decoded(encode([], ZSTD), ZSTD, MB) == []
 
 
 def test_content_encoding_is_matched_case_insensitively_and_stripped() -> None:
-    assert decode(encode([UP], SNAPPY), " Snappy\t", MB) == [UP]
-    assert decode(encode([UP], ZSTD), "ZSTD ", MB) == [UP]
+    assert decoded(encode([UP], SNAPPY), " Snappy\t", MB) == [UP]
+    assert decoded(encode([UP], ZSTD), "ZSTD ", MB) == [UP]
 
 
 def test_hand_written_spec_bytes_decode_so_field_numbers_match_prompb() -> None:
@@ -142,7 +150,7 @@ def test_hand_written_spec_bytes_decode_so_field_numbers_match_prompb() -> None:
     label = field(1, 2, b"__name__") + field(2, 2, b"up")
     sample = field(1, 1, struct.pack("<d", 1.5)) + field(2, 0, b"\xe8\x07")  # timestamp 1000 as varint
     body = field(1, 2, field(1, 2, label) + field(2, 2, sample))
-    assert parse_write_request(body) == [Series((("__name__", "up"),), [1000], [1.5])]
+    assert to_series(parse_write_request(body)) == [Series((("__name__", "up"),), [1000], [1.5])]
 
 
 def test_metadata_exemplars_and_native_histograms_are_parsed_but_not_returned() -> None:
@@ -174,7 +182,7 @@ def test_metadata_exemplars_and_native_histograms_are_parsed_but_not_returned() 
             )
         ],
     )
-    assert decode(snappy(request.SerializeToString()), SNAPPY, MB) == [
+    assert decoded(snappy(request.SerializeToString()), SNAPPY, MB) == [
         Series((("__name__", "rpc_seconds"),), [7], [3.0])
     ]
 
@@ -334,9 +342,8 @@ def decode_or_reject(body: bytes, encoding: str | None, max_decoded_bytes: int =
     except RemoteWriteError as exc:
         assert exc.status in (400, 413, 415)
         return None
-    assert isinstance(result, list)
-    assert all(isinstance(series, Series) for series in result)
-    return result
+    assert result.schema == SERIES_SCHEMA
+    return to_series(result)
 
 
 @FUZZ
@@ -382,4 +389,59 @@ def test_parse_write_request_on_arbitrary_bytes_returns_series_or_undecodable(ra
         result = parse_write_request(raw)
     except UndecodableBody:
         return
-    assert isinstance(result, list)
+    assert result.schema == SERIES_SCHEMA
+
+
+# --- the columnar parser against protobuf's own (upb) --------------------------------------------
+
+
+def upb_series(raw: bytes) -> list[Series] | None:
+    """The request as protobuf's upb parser reads it, labels sorted stably by name; None if it refuses."""
+    request = pb.WriteRequest()
+    try:
+        request.ParseFromString(raw)
+    except Exception:
+        return None
+    return [
+        Series(
+            tuple(sorted(((label.name, label.value) for label in ts.labels), key=itemgetter(0))),
+            [sample.timestamp for sample in ts.samples],
+            [sample.value for sample in ts.samples],
+        )
+        for ts in request.timeseries
+    ]
+
+
+@FUZZ
+@given(series=st.lists(series_strategy(), max_size=4), data=st.data())
+def test_the_columnar_parser_reads_what_upb_reads(series: list[Series], data: st.DataObject) -> None:
+    """On valid requests, and on mutated ones both parsers accept, the two give the same series."""
+    raw = bytearray(bytes(cramjam.snappy.decompress_raw(encode(series))))
+    if raw and data.draw(st.booleans()):
+        for _ in range(data.draw(st.integers(min_value=1, max_value=3))):
+            raw[data.draw(st.integers(min_value=0, max_value=len(raw) - 1))] ^= data.draw(st.integers(1, 255))
+    expected = upb_series(bytes(raw))
+    try:
+        got = to_series(parse_write_request(bytes(raw)))
+    except UndecodableBody:
+        assert expected is None or raw != bytearray(bytes(cramjam.snappy.decompress_raw(encode(series))))
+        return
+    if expected is not None:
+        assert len(got) == len(expected)
+        for mine, theirs in zip(got, expected, strict=True):
+            assert (mine.labels, mine.timestamps_ms) == (theirs.labels, theirs.timestamps_ms)
+            assert [struct.pack("<d", v) for v in mine.values] == [struct.pack("<d", v) for v in theirs.values]
+
+
+def test_series_ids_of_many_label_sets_match_each_set_alone() -> None:
+    sets = [
+        (("__name__", "up"), ("job", "node")),
+        (("job", "node"), ("__name__", "up")),
+        (),
+        (("a", "2"), ("a", "1")),
+        (("a", "1"), ("a", "2")),
+        (("é", "ß"), ("a", "")),
+    ]
+    ids = series_ids(from_series([Series(labels, [], []) for labels in sets]).column("labels").combine_chunks())
+    assert ids.to_pylist() == [series_id(labels) for labels in sets]
+    assert ids[0] == ids[1] and ids[3] == ids[4] and len(set(ids.to_pylist())) == 4

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -12,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipelines.sources import remote_write as codec
+from pipelines.sources.remote_write_server import samples_table
 from tests.helpers import PROM_HEADERS, RunningReceiver, start_receiver
 
 SERIES = [
@@ -45,6 +47,36 @@ def test_prometheus_write_is_acknowledged_and_lands_every_sample(server: Running
     assert labels == {"__name__": "up", "instance": "a:9100", "job": "node"}
     ids = set(table["series_id"].to_pylist())
     assert ids == {codec.series_id(s.labels) for s in SERIES}
+
+
+def test_samples_table_rows_written_out_by_hand() -> None:
+    """One row per sample; a series' name is its last __name__ label; series without samples add nothing."""
+    body = codec.encode(
+        [
+            codec.Series((("job", "a"), ("__name__", "x")), [1_000, 2_000], [1.5, -0.0]),
+            codec.Series((("job", "b"),), [3_000], [2.0]),
+            codec.Series((("__name__", "gone"),), [], []),
+            codec.Series((("__name__", "first"), ("__name__", "second")), [4_000], [3.0]),
+        ]
+    )
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    table = samples_table(codec.decode(body, codec.SNAPPY, 1 << 20), "prometheus", "b1", now)
+    rows = [
+        (r["metric_name"], r["labels"], r["timestamp"], r["value"], r["ingest_time"], r["source"], r["batch_id"])
+        for r in table.to_pylist()
+    ]
+    at = [datetime(1970, 1, 1, 0, 0, s, tzinfo=UTC) for s in (1, 2, 3, 4)]
+    assert rows == [
+        ("x", [("__name__", "x"), ("job", "a")], at[0], 1.5, now, "prometheus", "b1"),
+        ("x", [("__name__", "x"), ("job", "a")], at[1], -0.0, now, "prometheus", "b1"),
+        (None, [("job", "b")], at[2], 2.0, now, "prometheus", "b1"),
+        ("second", [("__name__", "first"), ("__name__", "second")], at[3], 3.0, now, "prometheus", "b1"),
+    ]
+    assert table["series_id"].to_pylist() == [
+        codec.series_id(labels)
+        for labels in [(("job", "a"), ("__name__", "x"))] * 2
+        + [(("job", "b"),), (("__name__", "first"), ("__name__", "second"))]
+    ]
 
 
 def test_victoriametrics_probe_then_zstd_is_accepted(server: RunningReceiver) -> None:
