@@ -11,7 +11,8 @@ import json
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -232,14 +233,21 @@ def drain_topic(settings: KafkaSettings, topic: str, expected: int, timeout: flo
 
 
 # -- remote write ---------------------------------------------------------------------------------
+RW_SENDERS = 4
+
+
 def remote_write_stage(b: Bench, w: Workload) -> None:
-    import http.client
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
+    """Remote write -> bronze beside its two peers: decoding alone, and a receiver that only reads.
+
+    Decoding alone is the receiver's own decode into Arrow. Reading and discarding is the same
+    HTTP server answering 204 to bodies it drops, so it is what the senders can deliver (line
+    rate). The senders run in a process of their own, as Prometheus or vmagent would.
+    """
+    import pickle
 
     from pipelines.settings import RemoteWriteSettings
     from pipelines.sources.remote_write import SNAPPY, decode
-    from pipelines.sources.remote_write_server import Receiver, serve
+    from pipelines.sources.remote_write_server import Metrics, Receiver, Response
     from pipelines.tables import BRONZE_QUARANTINE
 
     decode_fig = b.figure("remote write: decode only", "samples")
@@ -249,50 +257,97 @@ def remote_write_stage(b: Bench, w: Workload) -> None:
             for body in w.remote_write_bodies:
                 decode(body, SNAPPY, 1 << 30)
 
+    class Discard:
+        """Reads each body and answers 204: the HTTP server and the senders, nothing else."""
+
+        metrics = Metrics()
+
+        def handle_write(self, query: Any, headers: Any, read_body: Callable[[int], bytes]) -> Response:
+            read_body(int(headers["Content-Length"]))
+            return Response(204)
+
+        def flush_loop(self, stop: Any) -> None:
+            stop.wait()
+
+        def close(self) -> None:
+            pass
+
+    bodies = b.out / "work" / "remote-write-bodies.pickle"
+    bodies.parent.mkdir(parents=True, exist_ok=True)
+    bodies.write_bytes(pickle.dumps(w.remote_write_bodies))
+
+    line_fig = b.figure("peer: remote write read and discard", "samples")
+    for attempt in range(b.repeats + 1):
+        target = warm_up_first(line_fig, attempt)
+        with sending(Discard(), bodies) as send, timed(target, w.samples):
+            statuses = send()
+        if set(statuses) != {204}:
+            raise AssertionError(f"the discarding receiver answered {statuses}")
+    line_fig.note = f"{RW_SENDERS} senders (another process) into the same HTTP server, bodies dropped"
+
     fig = b.figure("remote write -> bronze", "samples")
-    headers = {
-        "Content-Type": "application/x-protobuf",
-        "Content-Encoding": "snappy",
-        "X-Prometheus-Remote-Write-Version": "0.1.0",
-    }
+    fig.peers["decode only"] = decode_fig.stage
+    fig.peers["read and discard"] = line_fig.stage
     for attempt in range(b.repeats + 1):
         ctx = b.context("remote-write")
         lake = Path(ctx.settings.lake_root)
         cfg = RemoteWriteSettings(flush_interval=timedelta(seconds=0.5))
         receiver = Receiver(cfg, ctx.store, BRONZE_SAMPLES, BRONZE_QUARANTINE, lake / "_wal")
-        stop, bound = threading.Event(), list[int]()
-        thread = threading.Thread(
-            target=serve, args=(receiver, "127.0.0.1", 0, 4, stop, bound.append), name="rw-bench", daemon=True
-        )
-        thread.start()
-        while not bound:
-            time.sleep(0.01)
-
-        def post(body: bytes, port: int = bound[0]) -> int:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-            try:
-                while True:
-                    conn.request("POST", "/api/v1/write", body=body, headers=headers)
-                    resp = conn.getresponse()
-                    resp.read()
-                    if resp.status != 429:
-                        return resp.status
-                    time.sleep(0.05)
-            finally:
-                conn.close()
-
         target = warm_up_first(fig, attempt)
-        with timed(target, w.samples):
-            with ThreadPoolExecutor(4) as pool:
-                statuses = list(pool.map(post, w.remote_write_bodies))
-            stop.set()
-            thread.join(timeout=300)  # serve() flushes what is left before it returns
+        with sending(receiver, bodies) as send, timed(target, w.samples):
+            statuses = send()  # returns once serve() has flushed what it acknowledged
         if set(statuses) != {204}:
-            raise AssertionError(f"remote write answered {sorted(set(statuses))}")
+            raise AssertionError(f"remote write answered {statuses}")
         landed = ctx.store.read(BRONZE_SAMPLES).count()
         if landed != w.samples:
             raise AssertionError(f"remote write landed {landed} of {w.samples} samples")
-    fig.note = "4 client threads, 500 series x 4 samples per request; time until flushed to Delta"
+    fig.note = (
+        f"{RW_SENDERS} senders (another process), 500 series x 4 samples per request; time until flushed to "
+        "Delta; fsync: each request's log segment and the log folder before its 204"
+    )
+
+
+@contextmanager
+def sending(receiver: Any, bodies: Path) -> Iterator[Callable[[], dict[int, int]]]:
+    """Serve ``receiver`` on loopback with a sender process ready; the callable sends every body,
+    stops the server (which flushes) and returns the count of each status."""
+    import subprocess
+    import sys
+    import threading
+
+    from pipelines.sources.remote_write_server import serve
+
+    stop, bound = threading.Event(), list[int]()
+    thread = threading.Thread(
+        target=serve, args=(receiver, "127.0.0.1", 0, RW_SENDERS, stop, bound.append), name="rw-bench", daemon=True
+    )
+    thread.start()
+    while not bound and thread.is_alive():
+        time.sleep(0.01)
+    command = [sys.executable, "-m", "pipelines.bench.senders", str(bound[0]), str(bodies), str(RW_SENDERS)]
+    senders = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert senders.stdin and senders.stdout
+    try:
+        if senders.stdout.readline().strip() != "ready":
+            raise RuntimeError("the remote-write senders did not start")
+
+        def send() -> dict[int, int]:
+            assert senders.stdin and senders.stdout
+            senders.stdin.write("go\n")
+            senders.stdin.flush()
+            line = senders.stdout.readline()
+            stop.set()
+            thread.join(timeout=300)  # serve() flushes what is left before it returns
+            if not line:
+                raise RuntimeError(f"the remote-write senders exited with {senders.wait(30)}")
+            return {int(code): n for code, n in json.loads(line).items()}
+
+        yield send
+    finally:
+        stop.set()
+        thread.join(timeout=300)
+        senders.kill()
+        senders.wait(30)
 
 
 # -- peers ----------------------------------------------------------------------------------------

@@ -79,6 +79,7 @@ def test_every_stage_has_a_figure_or_says_why_not(bench: tuple[Path, dict[str, A
         "peer: kafka-python consumer (poll and discard), PostHog fixture events",
         "peer: kafka-python consumer (poll and discard), 4 KB properties",
         "remote write: decode only",
+        "peer: remote write read and discard",
         "remote write -> bronze",
         "samples -> metric windows (tumbling 1m)",
         "samples -> metric windows (sliding 1m, 6 panes)",
@@ -96,6 +97,10 @@ def test_every_stage_has_a_figure_or_says_why_not(bench: tuple[Path, dict[str, A
         "peer: Spark dropDuplicatesWithinWatermark"
     )
     assert peers["gold (stage 1 + 2)"]["ClickHouse fan-out + GROUP BY"] == "peer: ClickHouse fan-out + GROUP BY"
+    assert peers["remote write -> bronze"] == {
+        "decode only": "remote write: decode only",
+        "read and discard": "peer: remote write read and discard",
+    }
 
 
 def test_kafka_is_measured_at_two_sizes_beside_a_bare_consumer(bench: tuple[Path, dict[str, Any], str]) -> None:
