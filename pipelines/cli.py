@@ -825,8 +825,15 @@ def _cell(v: Any) -> str:
 @click.option("--size", type=click.Choice(["S", "M", "L"]), default="S", show_default=True, help="Workload size.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), help="Folder for the results.")
 @click.option("--repeats", type=click.IntRange(1, 20), help="Timed runs per stage after the warm-up [S: 2, else 3].")
+@click.option(
+    "--soak",
+    "soak_minutes",
+    type=click.FloatRange(1, 24 * 60),
+    metavar="MINUTES",
+    help="Instead: one Kafka ingest process at full speed for MINUTES, its memory sampled (soak.md, soak.png).",
+)
 @click.pass_obj
-def bench(state: State, size: str, out_dir: Path | None, repeats: int | None) -> None:
+def bench(state: State, size: str, out_dir: Path | None, repeats: int | None, soak_minutes: float | None) -> None:
     """Benchmark every stage on seeded synthetic data, with peers, reduction and scaling figures.
 
     Writes bench.md, bench.json, bench.png and scaling.png. S takes about five minutes on 2 cores
@@ -835,6 +842,14 @@ def bench(state: State, size: str, out_dir: Path | None, repeats: int | None) ->
     from pipelines.bench.run import run_bench
     from pipelines.spark import build_spark
 
+    if soak_minutes is not None:
+        from pipelines.bench.soak import run_soak
+
+        out = out_dir or Path("bench-results") / "soak"
+        run_soak(out, soak_minutes, say=say_step)
+        console.print((out / "soak.md").read_text())
+        say_step(f"soak done: {out}/soak.md, soak.json, soak.png")
+        return
     out = out_dir or Path("bench-results") / size
     say_step("starting Spark")
     spark = build_spark(state.settings)

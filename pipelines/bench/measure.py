@@ -69,7 +69,7 @@ def warm_up_first(fig: Figure, attempt: int) -> Figure:
     return fig if attempt > 0 else Figure("warm-up", fig.unit)
 
 
-def _rss_mb(pid: int) -> float:
+def rss_mb(pid: int) -> float:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
@@ -79,7 +79,7 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def _children(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
     try:
         text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
     except OSError:
@@ -87,7 +87,7 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in text.split()]
 
 
-def _name(pid: int) -> str:
+def process_name(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
@@ -108,12 +108,12 @@ class MemorySampler:
         self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
 
     def _sample(self) -> None:
-        seen = {"driver": _rss_mb(self.pid)}
-        for child in _children(self.pid):
-            if _name(child) == "java":
-                seen["jvm"] = seen.get("jvm", 0.0) + _rss_mb(child)
+        seen = {"driver": rss_mb(self.pid)}
+        for child in children(self.pid):
+            if process_name(child) == "java":
+                seen["jvm"] = seen.get("jvm", 0.0) + rss_mb(child)
         for name, pid in self.extra.items():
-            seen[name] = _rss_mb(pid)
+            seen[name] = rss_mb(pid)
         for name, mb in seen.items():
             self.peak[name] = max(self.peak.get(name, 0.0), round(mb, 1))
 

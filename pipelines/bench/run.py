@@ -150,7 +150,7 @@ def kafka_stage(b: Bench, w: Workload) -> None:
     stages = {kind: f"{KAFKA_STAGE}, {kind}" for kind in KAFKA_MESSAGE_KINDS}
 
     def skipped(why: str) -> None:
-        for stage in stages.values():
+        for stage in [*stages.values(), KAFKA_GROUP.format(n=1, es=""), KAFKA_GROUP.format(n=2, es="es")]:
             b.figure(stage, "messages").note = f"skipped: {why}"
 
     if tansu_binary() is None:
@@ -194,8 +194,51 @@ def kafka_stage(b: Bench, w: Workload) -> None:
                 )
             if kind == KAFKA_MESSAGE_KINDS[0]:
                 plain.measure(b, ctx, [stage])
+        kafka_group_stage(b, w, broker)
     finally:
         broker.stop()
+
+
+KAFKA_GROUP = "Kafka -> bronze, {n} ingest process{es} (steady state)"
+
+
+def kafka_group_stage(b: Bench, w: Workload, broker: Any) -> None:
+    """One ``medallion ingest kafka`` process against two in one group, on a 4-partition topic.
+
+    Each run starts fresh processes, so there is no warm-up run. At least 60,000 messages, so the
+    window in which both processes land holds many flushes of each.
+    """
+    from pipelines.bench.kafka_group import BATCH, PARTITIONS, IngestGroup
+    from pipelines.bench.measure import MemorySampler
+
+    messages = kafka_messages(KAFKA_MESSAGE_KINDS[0], max(w.size.kafka_messages, 60_000))
+    one = b.figure(KAFKA_GROUP.format(n=1, es=""), "messages")
+    two = b.figure(KAFKA_GROUP.format(n=2, es="es"), "messages")
+    two.peers["1 process"] = one.stage
+    for _ in range(b.repeats):
+        for processes, fig in ((1, one), (2, two)):
+            ctx = b.context("kafka-group")
+            topic = f"bench-group-{uuid.uuid4().hex[:8]}"
+            broker.create_topic(topic, PARTITIONS)
+            group = IngestGroup(
+                ctx.settings, ctx.store, broker.bootstrap, topic, processes, Path(ctx.settings.lake_root) / "_logs"
+            )
+            group.produce(messages)
+            with MemorySampler() as mem:
+                group.start()
+                try:
+                    group.wait_landed(len(messages), timeout=900)
+                finally:
+                    group.stop()
+            rate, counted = group.steady_rate()
+            fig.units.append(float(counted))
+            fig.seconds.append(round(counted / rate, 3))
+            for name, mb in mem.peak.items():
+                fig.peak_rss_mb[name] = max(fig.peak_rss_mb.get(name, 0.0), mb)
+            fig.note = (
+                f"{len(messages):,} PostHog fixture events produced first, round-robin over {PARTITIONS} partitions; "
+                f"--max-batch {BATCH:,}; rate over the time every process was landing (start-up and joins left out)"
+            )
 
 
 def produce(bootstrap: str, topic: str, messages: list[bytes]) -> None:

@@ -78,6 +78,8 @@ def test_every_stage_has_a_figure_or_says_why_not(bench: tuple[Path, dict[str, A
         "Kafka -> bronze (Tansu), 4 KB properties",
         "peer: kafka-python consumer (poll and discard), PostHog fixture events",
         "peer: kafka-python consumer (poll and discard), 4 KB properties",
+        "Kafka -> bronze, 1 ingest process (steady state)",
+        "Kafka -> bronze, 2 ingest processes (steady state)",
         "remote write: decode only",
         "peer: remote write read and discard",
         "remote write -> bronze",
@@ -97,6 +99,9 @@ def test_every_stage_has_a_figure_or_says_why_not(bench: tuple[Path, dict[str, A
         "peer: Spark dropDuplicatesWithinWatermark"
     )
     assert peers["gold (stage 1 + 2)"]["ClickHouse fan-out + GROUP BY"] == "peer: ClickHouse fan-out + GROUP BY"
+    assert peers["Kafka -> bronze, 2 ingest processes (steady state)"] == {
+        "1 process": "Kafka -> bronze, 1 ingest process (steady state)"
+    }
     assert peers["remote write -> bronze"] == {
         "decode only": "remote write: decode only",
         "read and discard": "peer: remote write read and discard",
@@ -120,6 +125,18 @@ def test_kafka_is_measured_at_two_sizes_beside_a_bare_consumer(bench: tuple[Path
         for k in ("PostHog fixture events", "4 KB properties")
     )
     assert 1_000 < small < 3_000 and 4_096 < large < 6_000, (small, large)
+
+
+def test_two_ingest_processes_are_measured_beside_one(bench: tuple[Path, dict[str, Any], str]) -> None:
+    out, result, _ = bench
+    stages = {s["stage"]: s for s in result["stages"]}
+    name = "Kafka -> bronze, 2 ingest processes (steady state)"
+    if stages[name]["runs"] == 0:
+        return  # skipped, and said why (no Tansu)
+    checked_peer(stages, (out / "bench.md").read_text(), name, "1 process")
+    for s in (stages[name], stages["Kafka -> bronze, 1 ingest process (steady state)"]):
+        assert "60,000 PostHog fixture events" in s["note"] and "4 partitions" in s["note"], s["note"]
+        assert 0 < s["units"][0] < 60_000, s["units"]  # the first flush of each process is left out
 
 
 def checked_peer(stages: dict[str, Any], table: str, name: str, label: str) -> dict[str, Any]:
