@@ -76,6 +76,22 @@ def _staged(v: Column) -> list[Column]:
     return cols
 
 
+def duplicate_keys(value: Column) -> Column:
+    """Whether an event's JSON text repeats a key at its top level or at the top level of its
+    ``properties`` or ``person_properties``. Parsing keeps the last occurrence, as JSON parsers
+    (PostHog's included) do, so such an event lands; this only lets it be counted."""
+
+    def repeats(text: Column) -> Column:
+        keys = F.json_object_keys(text)
+        return F.coalesce(F.size(keys) != F.size(F.array_distinct(keys)), F.lit(False))
+
+    return (
+        repeats(value)
+        | repeats(F.get_json_object(value, "$.properties"))
+        | repeats(F.get_json_object(value, "$.person_properties"))
+    )
+
+
 def parse_events(max_bytes: int) -> Callable[[DataFrame], DataFrame]:
     """Landing rows -> rows with the event fields, ``raw`` and a ``reason`` (null when valid)."""
 

@@ -32,6 +32,9 @@ LOCAL_DEFAULTS = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.execution.arrow.pyspark.fallback.enabled": "true",
     "spark.sql.adaptive.enabled": "true",
+    # A JSON object with a key twice keeps the last occurrence, as JSON parsers (PostHog's too) do,
+    # instead of failing to parse and sending the whole event to quarantine.
+    "spark.sql.variant.allowDuplicateKeys": "true",
     "spark.driver.extraJavaOptions": "-Duser.timezone=UTC -Dlog4j2.configurationFile={log4j}",
     "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
     "spark.sql.warehouse.dir": "",  # set per lake root below

@@ -14,8 +14,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from bronze.event_values import parse_event_values
-from bronze.events import BRONZE_EVENTS_COLUMNS, parse_events
-from bronze.landing import LANDING_COLUMNS, quarantined, valid
+from bronze.events import BRONZE_EVENTS_COLUMNS, duplicate_keys, parse_events
+from bronze.landing import LANDING_COLUMNS, REASON, quarantined, valid
 from bronze.page_changes import BRONZE_PAGE_CHANGES_COLUMNS, parse_page_changes
 from pipelines import quality
 from pipelines.errors import InputError
@@ -61,6 +61,9 @@ def parse_landing(
     rows = ctx.spark.createDataFrame(landing) if isinstance(landing, pa.Table) else landing
     parsed = rows.transform(parser(ctx.settings.kafka.max_message_bytes)).persist()
     good, bad = valid(parsed, columns), quarantined(parsed, kind)
+    if kind == "events":
+        landed_twice = parsed.where(F.col(REASON).isNull() & duplicate_keys(F.col("value").cast("string")))
+        record.add(duplicate_keys=record.metrics.get("duplicate_keys", 0) + landed_twice.count())
     if gate and quality.enabled(ctx):
         checked = quality.run_suite(ctx, record, quality.suite_for(ctx, target.key).for_batches(), good)
         good = checked.kept

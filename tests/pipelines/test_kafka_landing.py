@@ -43,7 +43,7 @@ def messages() -> list[Record]:
         json.dumps({**json.loads(good[0]), "team_id": "7"}).encode(),  # mistyped: Spark's reason
         json.dumps({**json.loads(good[1]), "team_id": 0}).encode(),  # parses; the gate drops it
         json.dumps({**json.loads(good[2]), "timestamp": "2024-06-01 10:00:00"}).encode(),  # Spark reads it
-        good[3].replace(b"{", b'{"event": "dup", ', 1),  # a key twice: not valid JSON to Spark
+        good[3].replace(b"{", b'{"event": "dup", ', 1),  # a key twice: the last one is kept
     ]
     return [Record(v, i) for i, v in enumerate(good + odd)]
 
@@ -82,11 +82,16 @@ def test_both_lanes_land_and_quarantine_the_same_and_most_events_skip_spark(
     assert comparable(spark, fast_good) == comparable(spark, slow_good)
     assert quarantine(fast_bad) == quarantine(slow_bad)
     n = len(messages())
-    assert fast_good.num_rows == n - 5  # the 6 odd ones but the space-separated time, which Spark reads
+    # The 6 odd ones but the space-separated time, which Spark reads, and the repeated key.
+    assert fast_good.num_rows == n - 4
+    (dup,) = [r for r in fast_good.to_pylist() if r["offset"] == n - 1]
+    assert dup["event"] == json.loads(messages()[3].value)["event"] != "dup"  # the last occurrence
+    assert fast.metrics["duplicate_keys"] == slow.metrics["duplicate_keys"] == 1
     reasons = {r for _, r, _, _ in quarantine(fast_bad)}
     assert "expectation team_id_positive failed" in reasons and "not valid JSON" in reasons
     # Only the 5 odd messages the in-process parser is unsure of went to Spark (the zero team id
-    # parses, and the gate drops it), and both lanes recorded the same gate results.
+    # parses, and the gate drops it; a repeated key is left to Spark), and both lanes recorded the
+    # same gate results.
     assert (fast.metrics["parsed_in_process"], fast.metrics["parsed_by_spark"]) == (n - 5, 5)
     assert "parsed_in_process" not in slow.metrics
 
