@@ -20,7 +20,7 @@ from silver.buckets import BucketMapping
 
 def fanout_rules(ctx: Context) -> FanoutRules:
     g = ctx.settings.gold
-    return FanoutRules(g.max_key_length, g.max_value_length, tuple(g.excluded_keys))
+    return FanoutRules(g.max_key_length, g.max_value_length, tuple(g.excluded_keys), g.nested_values)
 
 
 def bucket_mapping(ctx: Context) -> BucketMapping:

@@ -129,6 +129,9 @@ class GoldSettings(_Section):
     excluded_keys: StrList = Field(default_factory=list)
     max_key_length: int = Field(default=400, ge=1)
     max_value_length: int = Field(default=255, ge=1)
+    nested_values: Literal["skip", "json"] = Field(
+        default="skip", description="objects and arrays: skipped, or counted as their JSON text (keys sorted)"
+    )
 
     _check_window = field_validator("window")(lambda v: positive(v, "window"))
 

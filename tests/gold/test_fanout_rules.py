@@ -1,0 +1,320 @@
+"""The fan-out's rules, case by case, as PostHog's property-vals-rs documents them.
+
+Each case is an input event (its JSON text written out by hand) and the exact multiset of
+``(property_type, key, value, skip_reason)`` rows it must give. Number texts were checked against
+JavaScript's ``String(JSON.parse(token))``; one test asks Node itself when it is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import struct
+import subprocess
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.testing import assertDataFrameEqual
+
+from gold.property_values import FanoutRules, fan_out, merge_source, partials
+
+T = datetime(2024, 6, 1, 0, 0, 10, tzinfo=UTC)
+EVENTS = "team_id long, bucket int, event string, event_time timestamp, batch_id string, properties string, person_properties string"
+ROW = "property_type string, property_key string, property_value string, skip_reason string"
+Row = tuple[str | None, str, str | None, str | None]
+DEFAULT = FanoutRules()
+
+
+def fanned(
+    spark: SparkSession,
+    properties: str,
+    event: str = "$pageview",
+    person: str | None = None,
+    rules: FanoutRules = DEFAULT,
+) -> DataFrame:
+    df = spark.createDataFrame([(7, 0, event, T, "b1", properties, person)], EVENTS)
+    return df.transform(fan_out(rules)).select("property_type", "property_key", "property_value", "skip_reason")
+
+
+def expect(spark: SparkSession, got: DataFrame, rows: list[Row]) -> None:
+    assertDataFrameEqual(got, spark.createDataFrame(rows, ROW))  # as multisets: order is not checked
+
+
+# -- values -----------------------------------------------------------------------------------------
+NUMBERS = {
+    "1e21": "1e+21",
+    "1e16": "10000000000000000",
+    "1e7": "10000000",
+    "1.25e-5": "0.0000125",
+    "-1.25e-5": "-0.0000125",
+    "-0": "0",
+    "-0.0": "0",
+    "1.0": "1",
+    "2.5e3": "2500",
+    "0.000001": "0.000001",
+    "1e-7": "1e-7",
+    "0.1": "0.1",
+    "-1.5": "-1.5",
+    "100": "100",
+    "123.456e5": "12345600",
+    "5.684341886080802E-14": "5.684341886080802e-14",  # Java 17 writes ...8015E-14: not the shortest
+    "2.82879384806159E17": "282879384806159000",
+    "1E400": "Infinity",
+    # Integers keep every digit, past 2^53 and past 64 bits.
+    "9007199254740993": "9007199254740993",
+    "123456789012345678901234567890": "123456789012345678901234567890",
+    "-9223372036854775808": "-9223372036854775808",
+}
+
+
+def test_numbers_have_one_canonical_text(spark: SparkSession) -> None:
+    properties = "{" + ",".join(f'"k{i}":{token}' for i, token in enumerate(NUMBERS)) + "}"
+    expect(
+        spark,
+        fanned(spark, properties),
+        [("event", f"k{i}", text, None) for i, text in enumerate(NUMBERS.values())],
+    )
+
+
+def test_the_same_number_written_two_ways_is_one_value(spark: SparkSession) -> None:
+    a = fanned(spark, '{"price":2.5e3,"ratio":1.50}')
+    b = fanned(spark, '{"price":2500.0,"ratio":1.5}')
+    assert (
+        sorted(a.collect())
+        == sorted(b.collect())
+        == [("event", "price", "2500", None), ("event", "ratio", "1.5", None)]
+    )
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js as the independent model")
+def test_fractional_numbers_are_written_as_javascript_writes_them(spark: SparkSession) -> None:
+    rng = random.Random(17)
+    doubles = [struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0] for _ in range(300)]
+    doubles += [rng.uniform(-1e6, 1e6) for _ in range(200)] + [
+        rng.random() * 10 ** rng.randint(-12, 25) for _ in range(200)
+    ]
+    tokens = [repr(d) for d in doubles if d == d and abs(d) != float("inf")]
+    tokens = [t if ("." in t or "e" in t) else t + ".0" for t in tokens]  # fractional tokens only
+    node = subprocess.run(
+        ["node", "-e", "process.stdin.on('data', d => console.log(JSON.stringify(JSON.parse(d).map(x => String(x)))))"],
+        input=json.dumps([float(t) for t in tokens]),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    want = json.loads(node.stdout)
+    properties = "{" + ",".join(f'"k{i}":{t}' for i, t in enumerate(tokens)) + "}"
+    got = {r["property_key"]: r["property_value"] for r in fanned(spark, properties).collect()}
+    wrong = [(t, got[f"k{i}"], w) for i, (t, w) in enumerate(zip(tokens, want, strict=True)) if got[f"k{i}"] != w]
+    assert not wrong, wrong[:10]
+
+
+def test_booleans_strings_nulls_and_empties(spark: SparkSession) -> None:
+    expect(
+        spark,
+        fanned(spark, '{"t":true,"f":false,"s":"true","n":null,"e":"","":"v","sp":" "}'),
+        [
+            ("event", "t", "true", None),
+            ("event", "f", "false", None),
+            ("event", "s", "true", None),
+            ("event", "n", None, "null_value"),
+            ("event", "e", "", "empty_value"),
+            ("event", "", "v", "empty_key"),
+            ("event", "sp", " ", None),
+        ],
+    )
+
+
+def test_caps_count_characters_not_bytes(spark: SparkSession) -> None:
+    emoji, cyrillic = "😀", "я"
+    properties = json.dumps(
+        {
+            "e255": emoji * 255,
+            "e256": emoji * 256,
+            "c255": cyrillic * 255,
+            cyrillic * 400: "k",
+            cyrillic * 401: "k",
+        },
+        ensure_ascii=False,
+    )
+    expect(
+        spark,
+        fanned(spark, properties),
+        [
+            ("event", "e255", emoji * 255, None),
+            ("event", "e256", emoji * 256, "value_too_long"),
+            ("event", "c255", cyrillic * 255, None),
+            ("event", cyrillic * 400, "k", None),
+            ("event", cyrillic * 401, "k", "key_too_long"),
+        ],
+    )
+
+
+def test_excluded_keys_apply_to_event_person_and_group_properties(spark: SparkSession) -> None:
+    properties = json.dumps(
+        {
+            "secret": 1,
+            "ok": 2,
+            "$set": {"secret": 3},
+            "$group_type_index": 0,
+            "$group_set": {"secret": 4, "name": "Acme"},
+        }
+    )
+    got = fanned(spark, properties, "$groupidentify", rules=FanoutRules(excluded_keys=("secret", "$set", "$group_set")))
+    expect(
+        spark,
+        got,
+        [
+            ("event", "secret", "1", "excluded_key"),
+            ("event", "ok", "2", None),
+            ("event", "$set", None, "nested_value"),
+            ("event", "$group_type_index", "0", None),
+            ("event", "$group_set", None, "nested_value"),
+            ("person", "secret", "3", "excluded_key"),
+            ("group_0", "secret", "4", "excluded_key"),
+            ("group_0", "name", "Acme", None),
+        ],
+    )
+
+
+# -- person properties ------------------------------------------------------------------------------
+def test_one_person_observation_per_key_person_properties_then_set_then_set_once(spark: SparkSession) -> None:
+    properties = json.dumps(
+        {
+            "$set": {"plan": "pro", "a": 1, "email": "x@y"},
+            "$set_once": {"a": 2, "first_seen": "mon", "plan": "free"},
+        }
+    )
+    got = fanned(spark, properties, person=json.dumps({"plan": "pro", "tier": 3})).where("property_type = 'person'")
+    expect(
+        spark,
+        got,
+        [
+            ("person", "plan", "pro", None),  # in person_properties and $set: once
+            ("person", "tier", "3", None),
+            ("person", "a", "1", None),  # $set wins over $set_once
+            ("person", "email", "x@y", None),
+            ("person", "first_seen", "mon", None),
+        ],
+    )
+
+
+def test_person_properties_win_over_a_different_set_value(spark: SparkSession) -> None:
+    got = fanned(spark, '{"$set":{"plan":"free"}}', person='{"plan":"pro"}').where("property_type = 'person'")
+    expect(spark, got, [("person", "plan", "pro", None)])
+
+
+def test_set_and_set_once_alone(spark: SparkSession) -> None:
+    got = fanned(spark, '{"$set":{"a":1},"$set_once":{"a":2,"b":3}}').where("property_type = 'person'")
+    expect(spark, got, [("person", "a", "1", None), ("person", "b", "3", None)])
+
+
+# -- groups -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("index", "property_type", "reason"),
+    [
+        ("0", "group_0", None),
+        ("4", "group_4", None),
+        ("5", "group_5", None),
+        ("255", "group_255", None),
+        ("256", None, "bad_group_index"),
+        ("-1", None, "bad_group_index"),
+        ('"2"', None, "bad_group_index"),
+        ("2.0", None, "bad_group_index"),
+        ("2.5", None, "bad_group_index"),
+        ("null", None, "bad_group_index"),
+        (None, None, "bad_group_index"),
+    ],
+)
+def test_group_type_index_is_a_u8(
+    spark: SparkSession, index: str | None, property_type: str | None, reason: str | None
+) -> None:
+    entries = '"$group_set":{"name":"Acme","size":10}'
+    properties = "{" + (f'"$group_type_index":{index},' if index is not None else "") + entries + "}"
+    got = fanned(spark, properties, "$groupidentify").where("property_type is null or property_type like 'group_%'")
+    expect(spark, got, [(property_type, "name", "Acme", reason), (property_type, "size", "10", reason)])
+
+
+def test_group_set_counts_only_on_groupidentify(spark: SparkSession) -> None:
+    got = fanned(spark, '{"$group_type_index":1,"$group_set":{"name":"Acme"}}', "$pageview")
+    assert got.where("property_type is null or property_type like 'group_%'").count() == 0
+
+
+# -- duplicate keys and nested values ---------------------------------------------------------------
+def test_a_duplicate_key_keeps_its_last_occurrence(spark: SparkSession) -> None:
+    got = fanned(spark, '{"a":1,"b":"x","a":2,"$set":{"p":"one","p":"two"}}', person='{"q":1,"q":3}')
+    expect(
+        spark,
+        got,
+        [
+            ("event", "a", "2", None),
+            ("event", "b", "x", None),
+            ("event", "$set", None, "nested_value"),
+            ("person", "p", "two", None),
+            ("person", "q", "3", None),
+        ],
+    )
+
+
+def test_nested_values_are_skipped_by_default_or_counted_as_sorted_compact_json(spark: SparkSession) -> None:
+    properties = '{"o": {"z": 1, "a": [true, "x", null], "m": {"b": 2, "a": 1}}, "l": [3, 1], "e": {}}'
+    expect(
+        spark,
+        fanned(spark, properties),
+        [
+            ("event", "o", None, "nested_value"),
+            ("event", "l", None, "nested_value"),
+            ("event", "e", None, "nested_value"),
+        ],
+    )
+    expect(
+        spark,
+        fanned(spark, properties, rules=FanoutRules(nested_values="json")),
+        [
+            ("event", "o", '{"a":[true,"x",null],"m":{"a":1,"b":2},"z":1}', None),
+            ("event", "l", "[3,1]", None),
+            ("event", "e", "{}", None),
+        ],
+    )
+
+
+def test_a_nested_value_over_the_cap_is_too_long_in_json_mode(spark: SparkSession) -> None:
+    properties = json.dumps({"l": ["x" * 300]})
+    expect(
+        spark,
+        fanned(spark, properties, rules=FanoutRules(nested_values="json")),
+        [("event", "l", json.dumps(["x" * 300], separators=(",", ":")), "value_too_long")],
+    )
+
+
+# -- stage 2 ----------------------------------------------------------------------------------------
+def test_stage_two_sums_a_tuple_over_batches_and_events_in_its_window(spark: SparkSession) -> None:
+    rows = [
+        (7, 0, "e", T, "b1", '{"plan":"pro","n":1.0}', None),
+        (7, 0, "e", T + timedelta(seconds=5), "b1", '{"plan":"pro","n":1}', None),
+        (7, 0, "e", T + timedelta(seconds=10), "b2", '{"plan":"pro"}', '{"plan":"pro"}'),
+        (8, 0, "e", T, "b2", '{"plan":"pro"}', None),
+    ]
+    df = spark.createDataFrame(rows, EVENTS)
+    gold = (
+        df.transform(fan_out(FanoutRules()))
+        .transform(partials(timedelta(seconds=30)))
+        .transform(merge_source())
+        .select("team_id", "property_type", "property_key", "property_value", "count")
+    )
+    expect_rows = [
+        (7, "event", "plan", "pro", 3),
+        (7, "event", "n", "1", 2),
+        (7, "person", "plan", "pro", 1),
+        (8, "event", "plan", "pro", 1),
+    ]
+    assertDataFrameEqual(
+        gold,
+        spark.createDataFrame(
+            expect_rows,
+            "team_id long, property_type string, property_key string, property_value string, count long",
+        ),
+    )
