@@ -66,6 +66,33 @@ class FanoutRules:
     nested_values: str = "skip"
 
 
+@dataclass(frozen=True)
+class TeamFilter:
+    """Which teams gold counts: those in ``allow`` (every team when empty), less those in
+    ``block``, and of those the ``rollout_percent`` whose stable hash falls under it."""
+
+    allow: Sequence[int] = ()
+    block: Sequence[int] = ()
+    rollout_percent: int = 100
+
+    @property
+    def everyone(self) -> bool:
+        return not self.allow and not self.block and self.rollout_percent >= 100
+
+    def admits(self, team_id: Column) -> Column:
+        """True for a team that is counted. The rollout hash is Spark's xxhash64 of the team id
+        (seed 42, the same on every engine and version), modulo 100: a team is in or out the same
+        way every time, and raising the percent only adds teams."""
+        ok = F.lit(True)
+        if self.allow:
+            ok = ok & team_id.isin(*[int(t) for t in self.allow])
+        if self.block:
+            ok = ok & ~team_id.isin(*[int(t) for t in self.block])
+        if self.rollout_percent < 100:
+            ok = ok & (F.pmod(F.xxhash64(team_id.cast("long")), F.lit(100)) < F.lit(int(self.rollout_percent)))
+        return ok
+
+
 def _as_map(obj: Column) -> Column:
     """A JSON object held in a VARIANT as a map of its entries (null when it is not an object)."""
     return F.try_variant_get(obj, "$", "map<string,variant>")

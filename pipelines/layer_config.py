@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from gold.counters import Counter, Registry, RegistryError, load_registry
-from gold.property_values import FanoutRules
+from gold.property_values import FanoutRules, TeamFilter
 from pipelines.errors import SettingsError
 from pipelines.runner import Context
 from silver.buckets import BucketMapping
@@ -21,6 +21,11 @@ from silver.buckets import BucketMapping
 def fanout_rules(ctx: Context) -> FanoutRules:
     g = ctx.settings.gold
     return FanoutRules(g.max_key_length, g.max_value_length, tuple(g.excluded_keys), g.nested_values)
+
+
+def team_filter(ctx: Context) -> TeamFilter:
+    t = ctx.settings.gold.teams
+    return TeamFilter(tuple(t.allow), tuple(t.block), t.rollout_percent)
 
 
 def bucket_mapping(ctx: Context) -> BucketMapping:

@@ -122,6 +122,12 @@ class PageChangeSettings(_Section):
         return v
 
 
+class TeamSettings(_Section):
+    allow: list[int] = Field(default_factory=list, description="only these teams (empty: every team)")
+    block: list[int] = Field(default_factory=list, description="never these teams")
+    rollout_percent: int = Field(default=100, ge=0, le=100, description="share of teams, by a stable hash")
+
+
 class GoldSettings(_Section):
     window: Duration = timedelta(seconds=30)
     grace: Duration = timedelta(seconds=60)
@@ -129,6 +135,7 @@ class GoldSettings(_Section):
     excluded_keys: StrList = Field(default_factory=list)
     max_key_length: int = Field(default=400, ge=1)
     max_value_length: int = Field(default=255, ge=1)
+    teams: TeamSettings = Field(default_factory=TeamSettings)
     nested_values: Literal["skip", "json"] = Field(
         default="skip", description="objects and arrays: skipped, or counted as their JSON text (keys sorted)"
     )

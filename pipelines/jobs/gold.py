@@ -27,7 +27,7 @@ from gold.export import (
 from gold.property_values import MERGE_UPDATE, WINDOW_START, fan_out, merge_on, merge_source, partials, skip_counts
 from pipelines import quality
 from pipelines.eventlog import RunRecord
-from pipelines.layer_config import bucket_mapping, fanout_rules
+from pipelines.layer_config import bucket_mapping, fanout_rules, team_filter
 from pipelines.runner import Context, app_id, append_once, check_split, pending, run_job, task_name
 from pipelines.sinks import clickhouse
 from pipelines.storage import AppTxn
@@ -45,13 +45,18 @@ def gold_partials(ctx: Context, buckets: Sequence[int] | None = None) -> RunReco
         if inc is None:
             record.noop("no new silver events")
             return
-        events = inc.read(ctx.store).transform(in_buckets(buckets)).persist()
+        teams = team_filter(ctx)
+        read = inc.read(ctx.store).transform(in_buckets(buckets))
+        events = (read if teams.everyone else read.where(teams.admits(F.col("team_id")))).persist()
+        if not teams.everyone:  # events of teams gold does not count: a figure for the event log
+            record.add(**{"filtered_teams.events": read.where(~teams.admits(F.col("team_id"))).count()})
         tuples = events.transform(fan_out(fanout_rules(ctx))).persist()
         # One row per skip reason: figures, not rows.
         reasons = {r["reason"]: r["count"] for r in skip_counts(tuples).collect()}
         counted = reasons.pop("counted", 0)
         batch = tuples.transform(partials(ctx.settings.gold.window)).persist()
-        out = quality.gate(ctx, record, GOLD_PARTIALS.key, batch, inc.txn, tuples=counted)
+        # No tuple (a batch all filtered out or without properties): no sum to hold against it.
+        out = quality.gate(ctx, record, GOLD_PARTIALS.key, batch, inc.txn, tuples=counted or None)
         n_events, n_out = events.count(), out.count()
         ctx.store.append(GOLD_PARTIALS, out, [inc.txn])
         for df in (batch, tuples, events):
@@ -74,11 +79,20 @@ def gold_merge(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
         if inc is None:
             record.noop("no new partials")
             return
-        parts = inc.read(ctx.store).transform(in_buckets(buckets)).persist()
+        teams = team_filter(ctx)
+        read = inc.read(ctx.store).transform(in_buckets(buckets))
+        # Stage 2 applies the filter too, so partials counted before a team was filtered out are
+        # not merged while it is, and never later: a team added back resumes from what it had.
+        parts = (read if teams.everyone else read.where(teams.admits(F.col("team_id")))).persist()
+        if not teams.everyone:
+            record.add(**{"filtered_teams.partial_rows": read.where(~teams.admits(F.col("team_id"))).count()})
         batch = parts.transform(merge_source()).persist()
         source = quality.gate(ctx, record, GOLD_PROPERTY_VALUES.key, batch, inc.txn)
         n_parts, n_source = parts.count(), source.count()
-        ctx.store.merge(GOLD_PROPERTY_VALUES, source, on=merge_on(buckets), update=MERGE_UPDATE, txns=[inc.txn])
+        if n_source:
+            ctx.store.merge(GOLD_PROPERTY_VALUES, source, on=merge_on(buckets), update=MERGE_UPDATE, txns=[inc.txn])
+        else:  # every partial filtered out: a MERGE of nothing may not commit, so record the progress alone
+            ctx.store.append(GOLD_PROPERTY_VALUES, GOLD_PROPERTY_VALUES.arrow_schema.empty_table(), [inc.txn])
         batch.unpersist()
         parts.unpersist()
         record.rows_in, record.rows_out = n_parts, n_source
