@@ -57,23 +57,25 @@ class IngestGroup:
 
         Read from bronze itself: each flush's rows carry its ``batch_id`` (``<member>-<n>``) and the
         time the flush began. The window runs from the first flush of the last member to start to
-        the last flush; its rate is the rows of the flushes after its start over its length, so it
-        leaves out start-up and the group's joins. Measurement only: one row per flush comes back.
+        the last flush of the first member to finish; its rate is the rows of the flushes in it
+        after its start over its length, so it leaves out start-up, the group's joins and a tail
+        where one process is left alone. Measurement only: one row per flush comes back.
         """
         from deltalake import DeltaTable
 
         rows = DeltaTable(self.store.path(BRONZE_EVENTS)).to_pyarrow_table(columns=["batch_id", "ingest_time"])
         flushes = rows.group_by(["batch_id", "ingest_time"]).aggregate([([], "count_all")]).to_pylist()
         firsts: dict[str, float] = {}
+        lasts: dict[str, float] = {}
         for f in flushes:
             member = f["batch_id"].rsplit("-", 1)[0]
             at = f["ingest_time"].timestamp()
             firsts[member] = min(firsts.get(member, at), at)
+            lasts[member] = max(lasts.get(member, at), at)
         if len(firsts) < self.count:
             raise RuntimeError(f"only {len(firsts)} of {self.count} ingest processes landed anything")
-        start = max(firsts.values())
-        end = max(f["ingest_time"].timestamp() for f in flushes)
-        counted = sum(f["count_all"] for f in flushes if f["ingest_time"].timestamp() > start)
+        start, end = max(firsts.values()), min(lasts.values())
+        counted = sum(f["count_all"] for f in flushes if start < f["ingest_time"].timestamp() <= end)
         if end - start < 1.0:
             raise RuntimeError("the processes overlapped for under a second: produce more messages")
         return counted / (end - start), counted
