@@ -211,9 +211,13 @@ def outbox_rows(
     return transform
 
 
-def in_send_order(outbox: DataFrame) -> DataFrame:
-    """An outbox batch -> EXPORT_COLUMNS in a fixed order, so a resend chunks the same rows alike."""
-    return outbox.select(*EXPORT_COLUMNS).orderBy(*EXPORT_COLUMNS[:-1])
+def in_send_order(outbox: DataFrame, width: timedelta) -> DataFrame:
+    """An outbox batch -> EXPORT_COLUMNS and ``last_seen`` (the end of the row's window: when the
+    tuple was last counted, to a window's width) in a fixed order, so a resend chunks the same
+    rows alike."""
+    w = int(width.total_seconds() * 1_000_000)
+    last_seen = F.timestamp_micros(F.unix_micros(F.col(WINDOW_START)) + F.lit(w)).alias("last_seen")
+    return outbox.select(*EXPORT_COLUMNS, last_seen).orderBy(*EXPORT_COLUMNS[:-1])
 
 
 def exported_rows(outbox: DataFrame) -> DataFrame:

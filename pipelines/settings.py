@@ -98,6 +98,12 @@ class ClickHouseSettings(_Section):
     password: SecretStr | None = None
     database: str = "default"
     insert_chunk_rows: int = Field(default=100_000, ge=1)
+    ttl_days: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000,  # ClickHouse's DateTime ends in 2106: a longer TTL would wrap and expire rows at once
+        description="property_values rows expire this many days after last_seen",
+    )
 
     @field_validator("dsn")
     @classmethod

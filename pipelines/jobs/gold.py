@@ -120,8 +120,8 @@ def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:
         """Send outbox batch ``seq`` (again) and record it as exported; returns rows sent."""
         rows = ctx.store.read(EXPORT_OUTBOX, where=f"export_seq = {seq}").persist()
         sent = 0
-        with clickhouse.connect(ctx.settings) as client, ctx.store.stream(in_send_order(rows)) as batches:
-            clickhouse.ensure_property_values(client, database)
+        with clickhouse.connect(ctx.settings) as client, ctx.store.stream(in_send_order(rows, g.window)) as batches:
+            clickhouse.ensure_property_values(client, database, ctx.settings.clickhouse.ttl_days)
             # A fixed order and chunking, so a resend carries the same tokens for the same rows.
             for i, data in enumerate(rechunk(batches, chunk)):
                 clickhouse.insert(client, clickhouse.PROPERTY_VALUES_TABLE, data, _token(seq, i), database)

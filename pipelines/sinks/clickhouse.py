@@ -35,12 +35,16 @@ CREATE TABLE IF NOT EXISTS {{db}}.{PROPERTY_VALUES_TABLE} (
     property_key String,
     property_value String,
     window_start DateTime64(3, 'UTC'),
-    `count` Int64
+    `count` Int64,
+    last_seen DateTime64(3, 'UTC')
 )
 ENGINE = SummingMergeTree(`count`)
 ORDER BY (team_id, property_type, property_key, property_value, window_start)
+{{ttl}}
 SETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW}
 """
+#: Added to a table made before the column existed; its rows get their window's start.
+LAST_SEEN_COLUMN = "last_seen DateTime64(3, 'UTC') DEFAULT window_start"
 
 
 COUNTERS_TABLE = "counters"
@@ -88,9 +92,23 @@ def connect(settings: Settings) -> Iterator[Any]:
         client.close()
 
 
-def ensure_property_values(client: Any, database: str = "default") -> None:
+def ttl_clause(days: int | None) -> str:
+    return f"TTL toDateTime(last_seen) + INTERVAL {int(days)} DAY" if days else ""
+
+
+def ensure_property_values(client: Any, database: str = "default", ttl_days: int | None = None) -> None:
+    """Create the table if missing; bring one made by an earlier version up to date: add
+    ``last_seen``, and set the TTL when ``ttl_days`` asks for one it lacks (a TTL set before is
+    left alone when ``ttl_days`` is unset: ``ALTER TABLE ... REMOVE TTL`` removes it)."""
     client.command(f"CREATE DATABASE IF NOT EXISTS {database}")
-    client.command(PROPERTY_VALUES_DDL.format(db=database))
+    client.command(PROPERTY_VALUES_DDL.format(db=database, ttl=ttl_clause(ttl_days)))
+    table = f"{database}.{PROPERTY_VALUES_TABLE}"
+    client.command(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {LAST_SEEN_COLUMN}")
+    if ttl_days:
+        sql = "SELECT engine_full FROM system.tables WHERE database = {db:String} AND name = {name:String}"
+        engine = client.query(sql, parameters={"db": database, "name": PROPERTY_VALUES_TABLE}).result_rows[0][0]
+        if f"TTL toDateTime(last_seen) + toIntervalDay({int(ttl_days)})" not in engine:
+            client.command(f"ALTER TABLE {table} MODIFY {ttl_clause(ttl_days)}")
 
 
 def ensure_counters(client: Any, database: str = "default") -> None:

@@ -238,3 +238,42 @@ def test_a_team_moved_to_another_bucket_mid_window_is_still_one_clickhouse_row_p
     # Gold keeps a row per bucket that counted the window.
     gold = moved.store.read(GOLD_PROPERTY_VALUES).where(f"unix_seconds(window_start) = {w0}").collect()
     assert sorted((r["bucket"], r["count"]) for r in gold) == [(0, 4), (3, 3)]
+
+
+def engine_of(client: Any, database: str = "default") -> str:
+    sql = f"SELECT engine_full FROM system.tables WHERE database = '{database}' AND name = 'property_values'"
+    return str(clickhouse.query_rows(client, sql)[0][0])
+
+
+def test_rows_carry_last_seen_and_the_table_a_ttl_when_asked(spark: SparkSession, tmp_path: Path) -> None:
+    ctx = make_ctx(spark, tmp_path / "lake")
+    ctx.settings.clickhouse.ttl_days = 10_000  # 27 years: the 2024 events here must not expire (DateTime ends in 2106)
+    pipeline(ctx, [write(tmp_path / "a.jsonl", STREAM)])
+    with clickhouse.connect(ctx.settings) as client:
+        rows = clickhouse.query_rows(
+            client, "SELECT DISTINCT toUnixTimestamp(window_start), toUnixTimestamp(last_seen) FROM property_values"
+        )
+        engine = engine_of(client)
+    start = int(datetime(2024, 6, 1, tzinfo=UTC).timestamp())
+    assert sorted(rows) == [(start + 30 * w, start + 30 * (w + 1)) for w in range(6)]  # drained: every window
+    assert "TTL toDateTime(last_seen) + toIntervalDay(10000)" in engine
+
+
+def test_a_table_from_before_last_seen_gets_the_column_and_a_ttl(tmp_path: Path) -> None:
+    settings = load_settings(lake_root=str(tmp_path / "lake"))
+    with clickhouse.connect(settings) as client:
+        client.command(
+            "CREATE TABLE property_values (team_id Int64, property_type LowCardinality(String), "
+            "property_key String, property_value String, window_start DateTime64(3, 'UTC'), `count` Int64) "
+            "ENGINE = SummingMergeTree(`count`) "
+            "ORDER BY (team_id, property_type, property_key, property_value, window_start)"
+        )
+        client.command("INSERT INTO property_values VALUES (1, 'event', 'k', 'v', '2024-06-01 00:00:30', 4)")
+        clickhouse.ensure_property_values(client)
+        assert clickhouse.query_rows(client, "SELECT `count`, toString(last_seen) FROM property_values") == [
+            (4, "2024-06-01 00:00:30.000")
+        ]
+        assert "TTL" not in engine_of(client)
+        clickhouse.ensure_property_values(client, ttl_days=10_000)
+        clickhouse.ensure_property_values(client, ttl_days=10_000)  # already there: left as it is
+        assert "TTL toDateTime(last_seen) + toIntervalDay(10000)" in engine_of(client)
