@@ -15,6 +15,7 @@ import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -303,6 +304,15 @@ def _clickhouse_frames(ctx: Context) -> Frames | None:
         rows = clickhouse.read_property_values(client, ctx.settings.clickhouse.database)
     df = ctx.store.to_spark(rows)
     exported = ctx.store.read(GOLD_EXPORTED).where("exported_count > 0")
+    note = None
+    ttl = ctx.settings.clickhouse.ttl_days
+    if ttl:
+        # Rows past the TTL leave ClickHouse whenever it merges, so both sides are held to the
+        # windows none of whose rows can have expired yet (a day of margin).
+        cutoff = datetime.now(UTC).replace(tzinfo=None) - timedelta(days=ttl - 1)
+        df = df.where(F.col("window_start") >= F.lit(cutoff))
+        exported = exported.where(F.col("window_start") >= F.lit(cutoff))
+        note = f"windows before {cutoff:%Y-%m-%d %H:%M} UTC left out: clickhouse.ttl_days={ttl} expires them"
     ex = exported.agg(_total("exported_count"), F.count(F.lit(1))).first()
     ch = df.agg(_total("count"), F.count(F.lit(1))).first()
     assert ex is not None and ch is not None
@@ -310,4 +320,4 @@ def _clickhouse_frames(ctx: Context) -> Frames | None:
         [(ch[0], ex[0], ch[1], ex[1])],
         "clickhouse_count_sum long, exported_count_sum long, clickhouse_rows long, exported_rows long",
     )
-    return df, figures, {}, None
+    return df, figures, {}, note

@@ -277,3 +277,19 @@ def test_a_table_from_before_last_seen_gets_the_column_and_a_ttl(tmp_path: Path)
         clickhouse.ensure_property_values(client, ttl_days=10_000)
         clickhouse.ensure_property_values(client, ttl_days=10_000)  # already there: left as it is
         assert "TTL toDateTime(last_seen) + toIntervalDay(10000)" in engine_of(client)
+
+
+def test_validation_leaves_out_windows_the_ttl_may_have_expired(spark: SparkSession, tmp_path: Path) -> None:
+    from pipelines.eventlog import RunRecord
+    from pipelines.quality import validate_tables
+
+    ctx = make_ctx(spark, tmp_path / "lake")
+    ctx.settings.clickhouse.ttl_days = 30  # the 2024 events here are long past it
+    pipeline(ctx, [write(tmp_path / "a.jsonl", STREAM)])
+    with clickhouse.connect(ctx.settings) as client:
+        client.command("OPTIMIZE TABLE property_values FINAL")  # a merge: the TTL deletes every row
+        assert clickhouse.query_rows(client, "SELECT count() FROM property_values") == [(0,)]
+    assert gold_state(ctx)  # while gold and the export state still hold them
+    (result,) = validate_tables(ctx, RunRecord("validate"), ["clickhouse/property_values"])
+    assert result.validation is not None and not result.validation.failed
+    assert result.note and "clickhouse.ttl_days=30" in result.note
