@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, LongType, StructField, StructType, TimestampType
 
@@ -88,9 +88,16 @@ def per_tuple_window() -> Callable[[DataFrame], DataFrame]:
     return transform
 
 
-def differences(exported: DataFrame, min_count: int) -> Callable[[DataFrame], DataFrame]:
-    """Gold rows of closed windows -> rows to send: the count not exported yet, minus gated ones;
-    with a ``_gated`` flag kept for metrics."""
+def differences(exported: DataFrame, min_count: int, top_values: int | None = None) -> Callable[[DataFrame], DataFrame]:
+    """Gold rows of closed windows -> rows to send: the count not exported yet, minus gated ones
+    and, with ``top_values``, minus the values past the first N of their key and window; with
+    ``_gated`` and ``_dropped`` flags kept for metrics.
+
+    Top values: per ``(team, type, key)`` and window at most ``top_values`` values are ever sent.
+    A value already sent keeps getting its corrections (so ClickHouse still sums to gold for what
+    it holds); a value not sent yet takes one of the places left, largest count first (ties by
+    value), and is dropped when none is left.
+    """
 
     def transform(rows: DataFrame) -> DataFrame:
         joined = rows.select(*EXPORT_KEY, F.col("count").alias("total")).join(
@@ -98,19 +105,35 @@ def differences(exported: DataFrame, min_count: int) -> Callable[[DataFrame], Da
         )
         before = F.coalesce(F.col("exported_count"), F.lit(0))
         gated = F.col("exported_count").isNull() & (F.col("total") < F.lit(min_count))
-        return joined.select(
+        out = joined.select(
             *EXPORT_KEY,
             (F.col("total") - before).alias("count"),
             F.col("total"),
             F.col("exported_count").isNotNull().alias("correction"),
             gated.alias("_gated"),
-        ).where((F.col("count") != 0) | F.col("_gated"))
+        )
+        if not top_values:
+            dropped = F.lit(False)
+        else:
+            key = [c for c in EXPORT_KEY if c != "property_value"]
+            held = exported.groupBy(*key).agg(F.count(F.lit(1)).alias("_held"))
+            out = out.withColumn("_new", ~F.col("correction") & ~F.col("_gated")).join(held, key, "left")
+            order = Window.partitionBy(*key, "_new").orderBy(F.desc("total"), F.asc("property_value"))
+            place = F.coalesce(F.col("_held"), F.lit(0)) + F.row_number().over(order)
+            dropped = F.col("_new") & (place > F.lit(int(top_values)))
+        return out.select(*EXPORT_KEY, "count", "total", "correction", "_gated", dropped.alias("_dropped")).where(
+            (F.col("count") != 0) | F.col("_gated") | F.col("_dropped")
+        )
 
     return transform
 
 
 def export_batch(
-    exported: DataFrame, width: timedelta, closed_before: datetime | None, min_count: int
+    exported: DataFrame,
+    width: timedelta,
+    closed_before: datetime | None,
+    min_count: int,
+    top_values: int | None = None,
 ) -> Callable[[DataFrame], DataFrame]:
     """All of gold -> rows to send: closed windows (all with ``closed_before`` None) whose count
     differs from what was exported (the first export, and the reference the incremental one
@@ -118,7 +141,7 @@ def export_batch(
 
     def transform(gold: DataFrame) -> DataFrame:
         closed = gold.where(window_closed(width, None, closed_before))
-        return closed.transform(per_tuple_window()).transform(differences(exported, min_count))
+        return closed.transform(per_tuple_window()).transform(differences(exported, min_count, top_values))
 
     return transform
 
@@ -177,6 +200,7 @@ def incremental_batch(
     after: datetime | None,
     closed_before: datetime | None,
     min_count: int,
+    top_values: int | None = None,
 ) -> Callable[[DataFrame], DataFrame]:
     """All of gold -> rows to send after an earlier batch: windows closed since (ending after
     ``after``) and the ``late`` keys (:func:`changed_keys`, in ``late_windows``) of windows closed
@@ -189,7 +213,7 @@ def incremental_batch(
             # can skip by), then only the changed tuples of those windows are kept.
             again = gold.where(F.col(WINDOW_START).isin(list(late_windows)))
             fresh = fresh.unionByName(again.join(late, list(EXPORT_KEY), "left_semi"))
-        return fresh.transform(per_tuple_window()).transform(differences(exported, min_count))
+        return fresh.transform(per_tuple_window()).transform(differences(exported, min_count, top_values))
 
     return transform
 

@@ -142,6 +142,9 @@ class GoldSettings(_Section):
     max_key_length: int = Field(default=400, ge=1)
     max_value_length: int = Field(default=255, ge=1)
     teams: TeamSettings = Field(default_factory=TeamSettings)
+    top_values_per_key: int | None = Field(
+        default=None, ge=1, description="the export keeps at most this many values per key and window (largest first)"
+    )
     nested_values: Literal["skip", "json"] = Field(
         default="skip", description="objects and arrays: skipped, or counted as their JSON text (keys sorted)"
     )

@@ -110,7 +110,7 @@ def export(ctx: Context, gold_rows: DataFrame, write: Write) -> None:
     g = ctx.settings.gold
     exported = ctx.spark.createDataFrame([], EXPORTED_SCHEMA)
     batch = gold_rows.transform(export_batch(exported, g.window, None, g.min_export_count))
-    write(GOLD_EXPORTED.key, batch.where("NOT _gated").drop("_gated"))
+    write(GOLD_EXPORTED.key, batch.where("NOT _gated AND NOT _dropped").drop("_gated", "_dropped"))
 
 
 def metric_windows(ctx: Context, samples: DataFrame, write: Write) -> None:

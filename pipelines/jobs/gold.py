@@ -195,22 +195,32 @@ def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:
             return
         bounds = export_bounds(newest, g.window, g.grace, drain, prev)
         if prev is None:
-            batch = gold.transform(export_batch(exported, g.window, bounds.closed_before, g.min_export_count))
+            batch = gold.transform(
+                export_batch(exported, g.window, bounds.closed_before, g.min_export_count, g.top_values_per_key)
+            )
         else:
             batch = ctx.store.read(GOLD_PROPERTY_VALUES).transform(
                 incremental_batch(
-                    late, windows, exported, g.window, prev.closed_through, bounds.closed_before, g.min_export_count
+                    late,
+                    windows,
+                    exported,
+                    g.window,
+                    prev.closed_through,
+                    bounds.closed_before,
+                    g.min_export_count,
+                    g.top_values_per_key,
                 )
             )
         batch = batch.persist()
         cached.append(batch)
-        gated = batch.where("_gated").count()
+        gated, dropped = batch.where("_gated").count(), batch.where("_dropped").count()
         seq = out_seq + 1
-        to_send = quality.gate(ctx, record, EXPORT_DATASET, batch.where("NOT _gated").drop("_gated"), AppTxn(app, seq))
+        sendable = batch.where("NOT _gated AND NOT _dropped").drop("_gated", "_dropped")
+        to_send = quality.gate(ctx, record, EXPORT_DATASET, sendable, AppTxn(app, seq))
         rows = to_send.transform(outbox_rows(seq, version, newest, bounds.through)).persist()
         cached.append(rows)
         n_rows = rows.count()
-        record.add(gated=gated)
+        record.add(gated=gated, top_values_dropped=dropped)
         if bounds.closed_before is not None:
             record.add(watermark_epoch_s=bounds.closed_before.timestamp())
         if n_rows == 0:

@@ -293,3 +293,40 @@ def test_validation_leaves_out_windows_the_ttl_may_have_expired(spark: SparkSess
     (result,) = validate_tables(ctx, RunRecord("validate"), ["clickhouse/property_values"])
     assert result.validation is not None and not result.validation.failed
     assert result.note and "clickhouse.ttl_days=30" in result.note
+
+
+def test_top_values_per_key_keeps_the_largest_and_corrects_only_what_it_sent(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    ctx = make_ctx(spark, tmp_path / "lake", top_values_per_key=2)
+    values = ["A"] * 5 + ["B"] * 3 + ["C"] * 2 + ["D"]
+    first = [event(i, second=i, props={"browser": v}) for i, v in enumerate(values)]
+    first.append(event(20, second=20, props={"os": "L"}))
+    pipeline(ctx, [write(tmp_path / "a.jsonl", first)])
+    start = int(datetime(2024, 6, 1, tzinfo=UTC).timestamp())
+    assert clickhouse_state(ctx)[0] == {
+        (1, "event", "browser", "A", start): 5,
+        (1, "event", "browser", "B", start): 3,
+        (1, "event", "os", "L", start): 1,
+    }
+    log = ctx.store.read(PIPELINE_EVENTS).where("job = 'export.clickhouse' AND status = 'ok'").collect()
+    assert [r["metrics"]["top_values_dropped"] for r in log] == [2]  # C and D
+
+    # Late events in that window: B grows and is corrected; E is new with no place left for
+    # browser, while os has one left for M.
+    late = [event(30 + i, second=25, props={"browser": "E"}) for i in range(4)]
+    late += [event(40, second=26, props={"browser": "B"}), event(41, second=27, props={"os": "M"})]
+    pipeline(ctx, [write(tmp_path / "b.jsonl", late)])
+    assert clickhouse_state(ctx)[0] == {
+        (1, "event", "browser", "A", start): 5,
+        (1, "event", "browser", "B", start): 4,
+        (1, "event", "os", "L", start): 1,
+        (1, "event", "os", "M", start): 1,
+    }
+    log = (
+        ctx.store.read(PIPELINE_EVENTS)
+        .where("job = 'export.clickhouse' AND status = 'ok'")
+        .orderBy("started_at")
+        .collect()
+    )
+    assert [r["metrics"]["top_values_dropped"] for r in log] == [2, 1]  # then E
