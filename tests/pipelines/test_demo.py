@@ -336,7 +336,8 @@ def test_validate_fails_when_clickhouse_disagrees_with_the_export(lake: Path, tm
     copy = corrupted_copy(lake, tmp_path)
     insert = (
         "import clickhouse_connect, sys; c = clickhouse_connect.get_client(dsn=sys.argv[1]); "
-        "c.command(\"INSERT INTO default.property_values VALUES (1, 'event', 'k', 'v', '2020-01-01 00:00:00', 5)\")"
+        'c.command("INSERT INTO default.property_values (team_id, property_type, property_key, property_value, '
+        "window_start, count) VALUES (1, 'event', 'k', 'v', '2020-01-01 00:00:00', 5)\")"
     )
     subprocess.run([sys.executable, "-c", insert, f"chdb://{copy / 'clickhouse'}"], check=True, timeout=120)
     out = medallion(copy, "validate", "clickhouse/property_values", "--json")
