@@ -35,6 +35,16 @@ from pipelines.tables import EXPORT_OUTBOX, EXPORTS, GOLD_EXPORTED, GOLD_PARTIAL
 from silver.buckets import in_buckets
 
 
+def counted_teams(ctx: Context, record: RunRecord, rows: DataFrame, metric: str) -> DataFrame:
+    """``rows`` of the teams gold counts (``gold.teams``); how many rows it leaves out goes to the
+    event log as ``metric`` (a figure, counted only when a filter is set)."""
+    teams = team_filter(ctx)
+    if teams.everyone:
+        return rows
+    record.add(**{metric: rows.where(~teams.admits(F.col("team_id"))).count()})
+    return rows.where(teams.admits(F.col("team_id")))
+
+
 def gold_partials(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
     """Stage 1: new silver events -> partial tuple counts per window and source batch."""
 
@@ -45,11 +55,8 @@ def gold_partials(ctx: Context, buckets: Sequence[int] | None = None) -> RunReco
         if inc is None:
             record.noop("no new silver events")
             return
-        teams = team_filter(ctx)
         read = inc.read(ctx.store).transform(in_buckets(buckets))
-        events = (read if teams.everyone else read.where(teams.admits(F.col("team_id")))).persist()
-        if not teams.everyone:  # events of teams gold does not count: a figure for the event log
-            record.add(**{"filtered_teams.events": read.where(~teams.admits(F.col("team_id"))).count()})
+        events = counted_teams(ctx, record, read, "filtered_teams.events").persist()
         tuples = events.transform(fan_out(fanout_rules(ctx))).persist()
         # One row per skip reason: figures, not rows.
         reasons = {r["reason"]: r["count"] for r in skip_counts(tuples).collect()}
@@ -79,13 +86,10 @@ def gold_merge(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
         if inc is None:
             record.noop("no new partials")
             return
-        teams = team_filter(ctx)
-        read = inc.read(ctx.store).transform(in_buckets(buckets))
         # Stage 2 applies the filter too, so partials counted before a team was filtered out are
         # not merged while it is, and never later: a team added back resumes from what it had.
-        parts = (read if teams.everyone else read.where(teams.admits(F.col("team_id")))).persist()
-        if not teams.everyone:
-            record.add(**{"filtered_teams.partial_rows": read.where(~teams.admits(F.col("team_id"))).count()})
+        read = inc.read(ctx.store).transform(in_buckets(buckets))
+        parts = counted_teams(ctx, record, read, "filtered_teams.partial_rows").persist()
         batch = parts.transform(merge_source()).persist()
         source = quality.gate(ctx, record, GOLD_PROPERTY_VALUES.key, batch, inc.txn)
         n_parts, n_source = parts.count(), source.count()
