@@ -59,7 +59,8 @@ class IngestGroup:
         time the flush began. The window runs from the first flush of the last member to start to
         the last flush of the first member to finish; its rate is the rows of the flushes in it
         after its start over its length, so it leaves out start-up, the group's joins and a tail
-        where one process is left alone. Measurement only: one row per flush comes back.
+        where one process is left alone. Measurement only: two columns of the bench's own topic are
+        read, bounded by the messages it produced, and folded to a row per flush.
         """
         from deltalake import DeltaTable
 
