@@ -243,7 +243,9 @@ def series_ids(labels: pa.ListArray) -> pa.Int64Array:
     bytes. Sorting by value as well as name keeps the id order-independent even for the invalid
     case of a repeated label name.
 
-    The keys are built in Arrow; only the digest is taken per label set in Python.
+    The keys are built in Arrow; the digest is taken in Python once per distinct label set, so a
+    batch of many requests from the same targets (the usual case: every scrape sends the same
+    series again) hashes each series once.
     """
     names, values = (a.cast(pa.binary()) for a in labels.flatten().flatten())
     order = pc.sort_indices(
@@ -252,9 +254,10 @@ def series_ids(labels: pa.ListArray) -> pa.Int64Array:
     )
     pairs = pc.binary_join_element_wise(names.take(order), values.take(order), b"\xff")
     pieces = pc.binary_join_element_wise(pairs, pa.nulls(len(pairs), pa.binary()).fill_null(b""), b"\xfe")
-    keys = pc.binary_join(_relist(labels, pieces), b"").to_pylist()
-    digests = b"".join(hashlib.blake2b(key, digest_size=8).digest() for key in keys)
-    return pa.array(np.frombuffer(digests, dtype=">i8").astype(np.int64), pa.int64())
+    keys = pc.binary_join(_relist(labels, pieces), b"").dictionary_encode()
+    digests = b"".join(hashlib.blake2b(key, digest_size=8).digest() for key in keys.dictionary.to_pylist())
+    distinct = np.frombuffer(digests, dtype=">i8").astype(np.int64)
+    return pa.array(distinct[keys.indices.to_numpy(zero_copy_only=False)], pa.int64())
 
 
 # The snappy block format starts with the decoded length as a little-endian base-128 varint;

@@ -48,6 +48,9 @@ log = logging.getLogger("medallion.remote_write")
 WRITE_PATHS = ("/api/v1/write", "/api/v1/import", "/api/v1/push")
 SAMPLES_ARROW = to_arrow_schema(BRONZE_SAMPLES_SCHEMA, timezone="UTC")
 RETRY_AFTER_SECONDS = 2
+# Kinds of write-ahead log segment: a request's tagged series, a rejected body, and sample rows
+# (what earlier versions logged; still flushed after an upgrade).
+SERIES, QUARANTINE, LEGACY_SAMPLES = "series", "quarantine", "samples"
 
 
 @dataclass
@@ -72,11 +75,41 @@ class Metrics:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def samples_table(series: pa.Table, source: str, batch_id: str, now: datetime) -> pa.Table:
-    """Decoded series (:data:`codec.SERIES_SCHEMA`) -> one row per sample in the bronze/samples layout.
+#: What the write-ahead log holds per request: the decoded series (:data:`codec.SERIES_SCHEMA`)
+#: and, per series, the request's arrival time, source and batch id. Labels are kept once per
+#: series rather than once per sample, and the flusher builds sample rows for many requests at once.
+WAL_SERIES_SCHEMA = (
+    codec.SERIES_SCHEMA.append(pa.field("ingest_time", pa.timestamp("us", tz="UTC")))
+    .append(pa.field("source", pa.string()))
+    .append(pa.field("batch_id", pa.string()))
+)
 
-    Per-series columns (name, labels, id) are computed once per series and repeated per sample
-    with Arrow's ``take``; nothing is built per sample in Python.
+
+def request_series(series: pa.Table, source: str, batch_id: str, now: datetime) -> pa.Table:
+    """One request's decoded series tagged with where and when they came from (:data:`WAL_SERIES_SCHEMA`)."""
+    count = series.num_rows
+    return pa.table(
+        [
+            *series.columns,
+            pa.repeat(pa.scalar(now, pa.timestamp("us", tz="UTC")), count),
+            pa.repeat(pa.scalar(source, pa.string()), count),
+            pa.repeat(pa.scalar(batch_id, pa.string()), count),
+        ],
+        schema=WAL_SERIES_SCHEMA,
+    )
+
+
+def sample_count(series: pa.Table) -> int:
+    """Samples held by decoded series (the rows they become)."""
+    return sum(len(chunk.values) for chunk in series.column("timestamps_ms").chunks)
+
+
+def samples_of(series: pa.Table) -> pa.Table:
+    """Tagged series (:data:`WAL_SERIES_SCHEMA`, any number of requests) -> one row per sample in
+    the bronze/samples layout.
+
+    Per-series columns (name, labels, id, tags) are computed once per series and repeated per
+    sample with Arrow's ``take``; nothing is built per sample in Python.
     """
     labels = series.column("labels").combine_chunks()
     names, values = labels.flatten().flatten()
@@ -91,17 +124,21 @@ def samples_table(series: pa.Table, source: str, batch_id: str, now: datetime) -
             "metric_name": values.take(pa.array(position, mask=position < 0)),
             "labels": pa.MapArray.from_arrays(pc.subtract(labels.offsets, labels.offsets[0]), names, values),
             "series_id": codec.series_ids(labels),
+            "ingest_time": series.column("ingest_time").combine_chunks(),
+            "source": series.column("source").combine_chunks(),
+            "batch_id": series.column("batch_id").combine_chunks(),
         }
     )
     timestamps = series.column("timestamps_ms").combine_chunks()
     table = per_series.take(pc.list_parent_indices(timestamps))
-    count = table.num_rows
     table = table.append_column("timestamp", pc.multiply(timestamps.flatten(), 1000).cast(pa.timestamp("us", tz="UTC")))
     table = table.append_column("value", series.column("values").combine_chunks().flatten())
-    table = table.append_column("ingest_time", pa.repeat(pa.scalar(now, pa.timestamp("us", tz="UTC")), count))
-    table = table.append_column("source", pa.repeat(pa.scalar(source, pa.string()), count))
-    table = table.append_column("batch_id", pa.repeat(pa.scalar(batch_id, pa.string()), count))
     return conform(table, SAMPLES_ARROW)
+
+
+def samples_table(series: pa.Table, source: str, batch_id: str, now: datetime) -> pa.Table:
+    """Decoded series (:data:`codec.SERIES_SCHEMA`) of one request -> its rows in bronze/samples."""
+    return samples_of(request_series(series, source, batch_id, now))
 
 
 class Receiver:
@@ -173,17 +210,17 @@ class Receiver:
         except codec.RemoteWriteError as exc:
             self._quarantine(body, str(exc), source, now, batch_id)
             return Response(exc.status, f"{exc}\n".encode())
-        table = samples_table(series, source, batch_id, now)
+        samples = sample_count(series)
         try:
-            if table.num_rows:
-                self.wal.append("samples", table)
+            if samples:
+                self.wal.append(SERIES, request_series(series, source, batch_id, now))
         except WalFullError:
             return Response(429, b"write queue is full\n", {"Retry-After": str(RETRY_AFTER_SECONDS)})
         except OSError as exc:
             log.error("cannot write the write-ahead log: %s", exc)
             return Response(503, b"cannot store samples now\n", {"Retry-After": str(RETRY_AFTER_SECONDS)})
         with self.metrics.lock:
-            self.metrics.samples_accepted += table.num_rows
+            self.metrics.samples_accepted += samples
         return Response(204)
 
     def _quarantine(self, body: bytes, reason: str, source: str, now: datetime, batch_id: str) -> None:
@@ -200,28 +237,36 @@ class Receiver:
         }
         schema = self.quarantine_spec.arrow_schema
         try:
-            self.wal.append("quarantine", pa.Table.from_pylist([row], schema=schema))
+            self.wal.append(QUARANTINE, pa.Table.from_pylist([row], schema=schema))
         except (WalFullError, OSError) as exc:
             log.error("could not keep a rejected body (%d bytes) in quarantine: %s", len(body), exc)
 
     # -- flushing -------------------------------------------------------------------------------
     def flush(self) -> int:
-        """Move waiting segments to Delta; returns rows written. Safe to call from any thread."""
+        """Move waiting segments to Delta; returns rows written. Safe to call from any thread.
+
+        Sample rows are built here, for a whole batch of requests at once, from the series the
+        log holds. Segments of sample rows (what earlier versions logged) land first: they were
+        written before any series segment, so the app transaction's version only moves forward.
+        """
         with self._flush_lock:
             written = 0
             for kind, spec, app in (
-                ("samples", self.samples_spec, self.app_samples),
-                ("quarantine", self.quarantine_spec, self.app_quarantine),
+                (LEGACY_SAMPLES, self.samples_spec, self.app_samples),
+                (SERIES, self.samples_spec, self.app_samples),
+                (QUARANTINE, self.quarantine_spec, self.app_quarantine),
             ):
                 done = self.store.txn_version(spec, app) or 0
                 stale = [s for s in self.wal.segments(kind) if s.seq <= done]
                 if stale:  # landed before a crash, not yet deleted
                     self.wal.remove(stale)
+                rows = sample_count if kind == SERIES else pa.Table.__len__
                 while True:
-                    with self.wal.batch(kind, self.settings.flush_max_rows) as (segments, table):
-                        if not segments or table is None:
+                    with self.wal.batch(kind, self.settings.flush_max_rows, rows) as (segments, batch):
+                        if not segments or batch is None:
                             break
                         t0 = time.perf_counter()
+                        table = samples_of(batch) if kind == SERIES else batch
                         self.store.append(spec, table, [AppTxn(app, segments[-1].seq)])
                         self.wal.remove(segments)
                         elapsed = time.perf_counter() - t0
@@ -393,7 +438,7 @@ def serve(
     flusher_stop = threading.Event()
     flusher = threading.Thread(target=receiver.flush_loop, args=(flusher_stop,), name="flusher", daemon=True)
     flusher.start()
-    http = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="http", daemon=True)
+    http = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="http", daemon=True)
     http.start()
     ready(server.server_address[1])
     try:

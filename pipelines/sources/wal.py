@@ -13,7 +13,7 @@ import fcntl
 import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,16 +124,19 @@ class WriteAheadLog:
         self._fsync_dir()
 
     @contextmanager
-    def batch(self, kind: str, max_rows: int) -> Iterator[tuple[list[Segment], pa.Table | None]]:
-        """The oldest segments of ``kind`` up to about ``max_rows`` rows, concatenated."""
+    def batch(
+        self, kind: str, max_rows: int, rows_of: Callable[[pa.Table], int] = pa.Table.__len__
+    ) -> Iterator[tuple[list[Segment], pa.Table | None]]:
+        """The oldest segments of ``kind`` up to about ``max_rows`` rows (as ``rows_of`` counts a
+        segment's), concatenated."""
         chosen: list[Segment] = []
         tables: list[pa.Table] = []
         rows = 0
         for seg in self.segments(kind):
             table = self.read(seg)
-            if chosen and rows + table.num_rows > max_rows:
+            if chosen and rows + rows_of(table) > max_rows:
                 break
             chosen.append(seg)
             tables.append(table)
-            rows += table.num_rows
+            rows += rows_of(table)
         yield chosen, (pa.concat_tables(tables) if tables else None)

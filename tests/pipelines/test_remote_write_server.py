@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
@@ -13,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipelines.sources import remote_write as codec
-from pipelines.sources.remote_write_server import samples_table
+from pipelines.sources.remote_write_server import LEGACY_SAMPLES, request_series, samples_of, samples_table
+from pipelines.sources.wal import WriteAheadLog
 from tests.helpers import PROM_HEADERS, RunningReceiver, start_receiver
 
 SERIES = [
@@ -77,6 +80,53 @@ def test_samples_table_rows_written_out_by_hand() -> None:
         for labels in [(("job", "a"), ("__name__", "x"))] * 2
         + [(("job", "b"),), (("__name__", "first"), ("__name__", "second"))]
     ]
+
+
+def test_requests_flushed_together_keep_their_own_source_batch_and_arrival() -> None:
+    """The log holds each request's series with its tags; one flush builds the rows of many."""
+    first, second = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 1, 0, 0, 5, tzinfo=UTC)
+    up = codec.Series((("__name__", "up"), ("job", "a")), [1_000, 2_000], [1.0, 0.0])
+    batch = pa.concat_tables(
+        [
+            request_series(codec.from_series([up]), "prometheus", "p1", first),
+            request_series(codec.from_series([up, codec.Series((("job", "b"),), [3_000], [7.0])]), "vm", "v1", second),
+        ]
+    )
+    table = samples_of(batch)
+    rows = [(r["metric_name"], r["value"], r["ingest_time"], r["source"], r["batch_id"]) for r in table.to_pylist()]
+    assert rows == [
+        ("up", 1.0, first, "prometheus", "p1"),
+        ("up", 0.0, first, "prometheus", "p1"),
+        ("up", 1.0, second, "vm", "v1"),
+        ("up", 0.0, second, "vm", "v1"),
+        (None, 7.0, second, "vm", "v1"),
+    ]
+    up_id = codec.series_id(up.labels)
+    assert table["series_id"].to_pylist() == [up_id] * 4 + [codec.series_id((("job", "b"),))]
+
+
+def test_sample_rows_logged_by_an_earlier_version_land_after_an_upgrade(tmp_path: Path) -> None:
+    """Segments of sample rows (the log's earlier form) are flushed before the series after them."""
+    lake = tmp_path / "lake"
+    wal = WriteAheadLog(lake / "_wal", 1 << 30)
+    legacy = samples_table(codec.from_series(SERIES[:1]), "prometheus", "old", datetime(2026, 1, 1, tzinfo=UTC))
+    wal.append(LEGACY_SAMPLES, legacy)
+    wal.close()
+    running, stop, thread = start_receiver(lake)
+    try:
+        body = codec.encode(SERIES[1:])
+        assert running.post(body, PROM_HEADERS)[0] == 204
+        table = running.samples()
+        new = "default:" + hashlib.sha256(body).hexdigest()[:16]
+        assert sorted(zip(table["batch_id"].to_pylist(), table["value"].to_pylist(), strict=True)) == [
+            (new, 0.5),
+            (new, 0.75),
+            ("old", 1.0),
+        ]
+        assert running.receiver.wal.segments() == []
+    finally:
+        stop.set()
+        thread.join(30)
 
 
 def test_victoriametrics_probe_then_zstd_is_accepted(server: RunningReceiver) -> None:
