@@ -506,32 +506,38 @@ def serve() -> None:
 @serve.command("remote-write")
 @click.option("--host", default=None, help="Address to bind (default from settings: 127.0.0.1).")
 @click.option("--port", type=int, default=None, help="Port (default from settings: 9201; 0 picks a free one).")
+@click.option(
+    "--processes",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Receiver processes sharing the port, each with its own log (default from settings: 1).",
+)
 @click.pass_obj
-def serve_remote_write(state: State, host: str | None, port: int | None) -> None:
+def serve_remote_write(state: State, host: str | None, port: int | None, processes: int | None) -> None:
     """Receive Prometheus / VictoriaMetrics remote write into bronze/samples until SIGTERM.
 
     POST /api/v1/write (snappy, or zstd after VictoriaMetrics' probe), GET /metrics, GET /healthz.
-    A 204 means the samples are durable; they reach Delta within about a flush interval.
+    A 204 means the samples are durable; they reach Delta within about a flush interval. One
+    process uses about one core; --processes N spreads connections over N of them.
     """
-    from pipelines.sources.remote_write_server import Receiver, serve
-    from pipelines.storage import open_store
-    from pipelines.tables import BRONZE_QUARANTINE, BRONZE_SAMPLES
+    from pipelines.sources.remote_write_processes import serve_processes
 
     settings = state.settings
     rw = settings.remote_write
-    spark = state.context().spark if settings.delta_engine == "delta-spark" else None
-    store = open_store(settings, spark)
-    wal_dir = rw.wal_dir or Path(settings.lake_root) / "_wal" / f"remote_write-{rw.receiver_id}"
-    receiver = Receiver(rw, store, BRONZE_SAMPLES, BRONZE_QUARANTINE, Path(wal_dir))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     bind = host or rw.host
+    count = processes or rw.processes
 
     def ready(bound: int) -> None:
-        err_console.print(f"remote-write receiver listening on http://{bind}:{bound}/api/v1/write", soft_wrap=True)
+        err_console.print(
+            f"remote-write receiver listening on http://{bind}:{bound}/api/v1/write"
+            + (f" ({count} processes)" if count > 1 else ""),
+            soft_wrap=True,
+        )
 
-    serve(receiver, bind, rw.port if port is None else port, rw.workers, stop, ready)
+    serve_processes(settings, bind, rw.port if port is None else port, count, stop, ready)
     err_console.print("remote-write receiver stopped; every acknowledged sample is in bronze/samples")
 
 

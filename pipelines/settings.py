@@ -171,7 +171,10 @@ class RemoteWriteSettings(_Section):
     max_pending_bytes: int = Field(
         default=256 * 1024 * 1024, ge=1024, description="WAL bytes not yet in Delta before 429"
     )
-    workers: int = Field(default=8, ge=1, le=256, description="requests handled at once")
+    workers: int = Field(default=8, ge=1, le=256, description="requests handled at once (per process)")
+    processes: int = Field(
+        default=1, ge=1, le=64, description="receiver processes sharing the port (SO_REUSEPORT), each with its own log"
+    )
     flush_interval: Duration = timedelta(seconds=1)
     flush_max_rows: int = Field(default=500_000, ge=1)
 

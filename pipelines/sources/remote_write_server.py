@@ -399,11 +399,18 @@ class RemoteWriteServer(HTTPServer):
     daemon_threads = True
     request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], receiver: Receiver, workers: int) -> None:
+    def __init__(self, address: tuple[str, int], receiver: Receiver, workers: int, reuse_port: bool = False) -> None:
         self.receiver = receiver
+        self.reuse_port = reuse_port
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="remote-write")
         self._slots = threading.BoundedSemaphore(workers)
         super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if self.reuse_port:  # several receiver processes on one port; the kernel spreads connections
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        super().server_bind()
 
     def process_request(self, request: Any, client_address: Any) -> None:
         # Blocking here keeps further connections in the listen backlog instead of in memory.
@@ -431,10 +438,10 @@ def serve(
     workers: int,
     stop: threading.Event,
     ready: Callable[[int], None],
+    reuse_port: bool = False,
 ) -> None:
     """Serve until ``stop`` is set; flush what is left before returning."""
-    server = RemoteWriteServer((host, port), receiver, workers)
-    server.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server = RemoteWriteServer((host, port), receiver, workers, reuse_port)
     flusher_stop = threading.Event()
     flusher = threading.Thread(target=receiver.flush_loop, args=(flusher_stop,), name="flusher", daemon=True)
     flusher.start()

@@ -1,0 +1,139 @@
+"""``medallion serve remote-write --processes N``: N receivers sharing one port.
+
+One Python process handles requests under one GIL, so it uses about one core however many
+threads it has. With ``N > 1`` each process binds the same address with ``SO_REUSEPORT`` and the
+kernel spreads connections across them. Each is a whole receiver: its own write-ahead log
+(``<wal>.<i>`` beside the first one's) and its own app id (``<receiver_id>.<i>``), so each lands
+its own segments exactly once and their Delta appends never conflict on an app transaction.
+
+Process 0 keeps the plain names, so one process and several share the first log. Logs of
+processes that no longer run (``N`` was larger before) are flushed on start: what they
+acknowledged is never stranded. If any process dies, the others are stopped (each flushing what
+it acknowledged) and the command fails, for the service manager to restart it.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import re
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pipelines.errors import MedallionError
+from pipelines.settings import Settings
+from pipelines.sources.remote_write_server import Receiver, serve
+from pipelines.storage import TableStore, open_store
+from pipelines.tables import BRONZE_QUARANTINE, BRONZE_SAMPLES
+
+log = logging.getLogger("medallion.remote_write")
+
+STOP_SECONDS = 120
+
+
+def wal_dir(settings: Settings, index: int = 0) -> Path:
+    """The write-ahead log folder of receiver process ``index``."""
+    rw = settings.remote_write
+    first = rw.wal_dir or Path(settings.lake_root) / "_wal" / f"remote_write-{rw.receiver_id}"
+    return Path(first) if index == 0 else Path(first).with_name(f"{Path(first).name}.{index}")
+
+
+def open_receiver(settings: Settings, store: TableStore, index: int = 0) -> Receiver:
+    """Receiver process ``index``'s receiver: its own log and app id."""
+    rw = settings.remote_write
+    if index:
+        rw = rw.model_copy(update={"receiver_id": f"{rw.receiver_id}.{index}"})
+    return Receiver(rw, store, BRONZE_SAMPLES, BRONZE_QUARANTINE, wal_dir(settings, index))
+
+
+def flush_retired(settings: Settings, store: TableStore, processes: int) -> int:
+    """Flush the logs of receiver processes ``processes`` and up, left by a run with more of them."""
+    first = wal_dir(settings)
+    pattern = re.compile(rf"^{re.escape(first.name)}\.(\d+)$")
+    flushed = 0
+    for folder in sorted(first.parent.glob(f"{first.name}.*")):
+        m = pattern.match(folder.name)
+        if not m or int(m.group(1)) < processes or not any(folder.glob("*.arrow")):
+            continue
+        receiver = open_receiver(settings, store, int(m.group(1)))
+        try:
+            rows = receiver.flush()
+        finally:
+            receiver.close()
+        log.warning("flushed %d rows left in %s by an earlier run with more processes", rows, folder)
+        flushed += rows
+    return flushed
+
+
+def _store(settings: Settings) -> TableStore:
+    spark = None
+    if settings.delta_engine == "delta-spark":
+        from pipelines.spark import build_spark
+
+        spark = build_spark(settings)
+    return open_store(settings, spark)
+
+
+def _serve_one(settings: Settings, host: str, port: int, index: int, ready: Any) -> None:
+    """One receiver process (the target of a spawned child): serve until SIGTERM or SIGINT."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    receiver = open_receiver(settings, _store(settings), index)
+    serve(receiver, host, port, settings.remote_write.workers, stop, lambda _: ready.put(index), reuse_port=True)
+
+
+def serve_processes(
+    settings: Settings, host: str, port: int, processes: int, stop: threading.Event, ready: Callable[[int], None]
+) -> None:
+    """Run ``processes`` receivers on one port until ``stop`` is set; each flushes what it took."""
+    store = _store(settings)
+    flush_retired(settings, store, processes)
+    if processes == 1:
+        serve(open_receiver(settings, store), host, port, settings.remote_write.workers, stop, ready)
+        return
+    # Hold the port (bound, never listening, so it takes no connections) so that port 0 names one
+    # free port for every child, and nobody else can take it between their binds.
+    holder = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    holder.bind((host, port))
+    port = holder.getsockname()[1]
+    spawn = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads or a JVM
+    started = spawn.Queue()
+    children = [
+        spawn.Process(target=_serve_one, args=(settings, host, port, i, started), name=f"remote-write-{i}")
+        for i in range(processes)
+    ]
+    try:
+        for child in children:
+            child.start()
+        waiting = set(range(processes))
+        while waiting and all(c.is_alive() for c in children) and not stop.is_set():
+            try:
+                waiting.discard(started.get(timeout=0.5))
+            except Exception:  # queue.Empty: keep checking on the children
+                continue
+        if not waiting:
+            ready(port)
+        while not stop.is_set() and all(c.is_alive() for c in children):
+            stop.wait(0.5)
+    finally:
+        for child in children:
+            if child.is_alive():
+                child.terminate()  # SIGTERM: it stops taking requests and flushes what it acknowledged
+        for child in children:
+            child.join(STOP_SECONDS)
+            if child.is_alive():
+                child.kill()
+                child.join()
+        holder.close()
+    failed = {c.name: c.exitcode for c in children if c.exitcode not in (0, -signal.SIGTERM)}
+    if failed:
+        raise MedallionError(
+            f"remote-write receiver processes exited: {failed}; the others stopped after flushing. "
+            "Restart the command: each log replays what its process acknowledged."
+        )
