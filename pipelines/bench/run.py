@@ -354,8 +354,6 @@ def remote_write_stage(b: Bench, w: Workload) -> None:
 def sending(receiver: Any, bodies: Path) -> Iterator[Callable[[], dict[int, int]]]:
     """Serve ``receiver`` on loopback with a sender process ready; the callable sends every body,
     stops the server (which flushes) and returns the count of each status."""
-    import subprocess
-    import sys
     import threading
 
     from pipelines.sources.remote_write_server import serve
@@ -367,7 +365,29 @@ def sending(receiver: Any, bodies: Path) -> Iterator[Callable[[], dict[int, int]
     thread.start()
     while not bound and thread.is_alive():
         time.sleep(0.01)
-    command = [sys.executable, "-m", "pipelines.bench.senders", str(bound[0]), str(bodies), str(RW_SENDERS)]
+    try:
+        with senders_ready(bound[0], bodies) as send:
+
+            def send_and_stop() -> dict[int, int]:
+                statuses = send()
+                stop.set()
+                thread.join(timeout=300)  # serve() flushes what is left before it returns
+                return statuses
+
+            yield send_and_stop
+    finally:
+        stop.set()
+        thread.join(timeout=300)
+
+
+@contextmanager
+def senders_ready(port: int, bodies: Path) -> Iterator[Callable[[], dict[int, int]]]:
+    """A sender process loaded with ``bodies``; the callable sends them all to ``port`` and returns
+    the count of each final status."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "pipelines.bench.senders", str(port), str(bodies), str(RW_SENDERS)]
     senders = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert senders.stdin and senders.stdout
     try:
@@ -379,18 +399,43 @@ def sending(receiver: Any, bodies: Path) -> Iterator[Callable[[], dict[int, int]
             senders.stdin.write("go\n")
             senders.stdin.flush()
             line = senders.stdout.readline()
-            stop.set()
-            thread.join(timeout=300)  # serve() flushes what is left before it returns
             if not line:
                 raise RuntimeError(f"the remote-write senders exited with {senders.wait(30)}")
             return {int(code): n for code, n in json.loads(line).items()}
 
         yield send
     finally:
-        stop.set()
-        thread.join(timeout=300)
         senders.kill()
         senders.wait(30)
+
+
+RW_PROCESSES = "remote write -> bronze, {n} receiver process{es}"
+
+
+def remote_write_processes_stage(b: Bench, w: Workload) -> None:
+    """``medallion serve remote-write`` with one process against two sharing the port.
+
+    Each run starts the command afresh and waits until it listens; the time runs from the first
+    body sent until every sample is in Delta (the command is stopped once the senders are done,
+    which flushes what is left).
+    """
+    from pipelines.bench.receivers import ReceiverCommand
+
+    bodies = b.out / "work" / "remote-write-bodies.pickle"
+    one = b.figure(RW_PROCESSES.format(n=1, es=""), "samples")
+    two = b.figure(RW_PROCESSES.format(n=2, es="es"), "samples")
+    two.peers["1 process"] = one.stage
+    for attempt in range(b.repeats + 1):
+        for processes, fig in ((1, one), (2, two)):
+            ctx = b.context("remote-write-processes")
+            target = warm_up_first(fig, attempt)
+            with ReceiverCommand(ctx.settings, ctx.store, processes, RW_SENDERS) as receiver:
+                with senders_ready(receiver.port, bodies) as send, timed(target, w.samples):
+                    statuses = send()
+                    receiver.stop_and_wait_landed(w.samples)
+            if set(statuses) != {204}:
+                raise AssertionError(f"remote write answered {statuses}")
+            fig.note = f"{RW_SENDERS} senders (another process); flush every 0.5 s; time until every sample is in Delta"
 
 
 # -- peers ----------------------------------------------------------------------------------------
@@ -605,6 +650,7 @@ def run_bench(
     kafka_stage(b, w)
     say("remote write")
     remote_write_stage(b, w)
+    remote_write_processes_stage(b, w)
     say("metric panes: tumbling vs sliding")
     metric_panes_stage(b, w)
     say("reduction by pods, dedup by window, buffer growth")

@@ -83,6 +83,8 @@ def test_every_stage_has_a_figure_or_says_why_not(bench: tuple[Path, dict[str, A
         "remote write: decode only",
         "peer: remote write read and discard",
         "remote write -> bronze",
+        "remote write -> bronze, 1 receiver process",
+        "remote write -> bronze, 2 receiver processes",
         "samples -> metric windows (tumbling 1m)",
         "samples -> metric windows (sliding 1m, 6 panes)",
     }
@@ -105,6 +107,9 @@ def test_every_stage_has_a_figure_or_says_why_not(bench: tuple[Path, dict[str, A
     assert peers["remote write -> bronze"] == {
         "decode only": "remote write: decode only",
         "read and discard": "peer: remote write read and discard",
+    }
+    assert peers["remote write -> bronze, 2 receiver processes"] == {
+        "1 process": "remote write -> bronze, 1 receiver process"
     }
 
 

@@ -1,0 +1,79 @@
+"""``medallion serve remote-write`` as a separate command, for the bench's process-count stage."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from pipelines.tables import BRONZE_SAMPLES
+
+FLUSH_INTERVAL = "0.5s"
+
+
+class ReceiverCommand:
+    """The receiver command with ``processes`` processes on a free loopback port of the lake of ``settings``."""
+
+    def __init__(self, settings: Any, store: Any, processes: int, workers: int, timeout: float = 120.0) -> None:
+        self.settings, self.store, self.processes = settings, store, processes
+        self.timeout = timeout
+        self.log = Path(settings.lake_root) / "_logs" / "receiver.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MEDALLION_")}
+        env |= {
+            "MEDALLION_LAKE_ROOT": str(settings.lake_root),
+            "MEDALLION_REMOTE_WRITE__FLUSH_INTERVAL": FLUSH_INTERVAL,
+            "MEDALLION_REMOTE_WRITE__WORKERS": str(workers),
+        }
+        command = [sys.executable, "-c", "from pipelines.cli import main; main()", "serve", "remote-write"]
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [*command, "--port", "0", "--processes", str(processes)], env=env, stderr=subprocess.PIPE, text=True
+        )
+        self.port = self._listening()
+        self.stopping = False
+
+    def _listening(self) -> int:
+        assert self.proc.stderr is not None
+        seen = []
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            line = self.proc.stderr.readline()
+            if not line:
+                break
+            seen.append(line)
+            m = re.search(r"http://[^:]+:(\d+)/api/v1/write", line)
+            if m:
+                return int(m.group(1))
+        self.proc.kill()
+        raise RuntimeError(f"the receiver did not start: {''.join(seen)[-2000:]}")
+
+    def stop_and_wait_landed(self, samples: int) -> None:
+        """SIGTERM (each process flushes what it acknowledged), then wait until bronze holds ``samples``."""
+        self.proc.send_signal(signal.SIGTERM)
+        self.stopping = True  # once: a second SIGTERM during interpreter exit would kill it
+        deadline = time.monotonic() + self.timeout
+        while (landed := self.store.stats(BRONZE_SAMPLES).rows) < samples:
+            if time.monotonic() > deadline or self.proc.poll() not in (None, 0):
+                raise RuntimeError(f"{landed} of {samples} samples landed; receiver exit {self.proc.poll()}")
+            time.sleep(0.02)
+
+    def __enter__(self) -> ReceiverCommand:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if not self.stopping and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = self.proc.communicate(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+        self.log.write_text(err or "")
+        if kind is None and self.proc.returncode != 0:
+            raise RuntimeError(f"the receiver exited with {self.proc.returncode}: {(err or '')[-2000:]}")
