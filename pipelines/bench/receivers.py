@@ -27,41 +27,40 @@ class ReceiverCommand:
         env = {k: v for k, v in os.environ.items() if not k.startswith("MEDALLION_")}
         env |= {
             "MEDALLION_LAKE_ROOT": str(settings.lake_root),
+            "MEDALLION_DELTA_ENGINE": settings.delta_engine,
             "MEDALLION_REMOTE_WRITE__FLUSH_INTERVAL": FLUSH_INTERVAL,
             "MEDALLION_REMOTE_WRITE__WORKERS": str(workers),
         }
         command = [sys.executable, "-c", "from pipelines.cli import main; main()", "serve", "remote-write"]
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            [*command, "--port", "0", "--processes", str(processes)], env=env, stderr=subprocess.PIPE, text=True
-        )
+        with open(self.log, "w") as log:  # a file, not a pipe nobody reads once it listens
+            self.proc = subprocess.Popen(
+                [*command, "--port", "0", "--processes", str(processes)], env=env, stderr=log, text=True
+            )
         self.port = self._listening()
         self.stopping = False
 
     def _listening(self) -> int:
-        assert self.proc.stderr is not None
-        seen = []
         deadline = time.monotonic() + self.timeout
-        while time.monotonic() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                break
-            seen.append(line)
-            m = re.search(r"http://[^:]+:(\d+)/api/v1/write", line)
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            m = re.search(r"http://[^:]+:(\d+)/api/v1/write", self.log.read_text())
             if m:
                 return int(m.group(1))
+            time.sleep(0.05)
         self.proc.kill()
-        raise RuntimeError(f"the receiver did not start: {''.join(seen)[-2000:]}")
+        self.proc.wait()
+        raise RuntimeError(f"the receiver did not start: {self.log.read_text()[-2000:]}")
 
     def stop_and_wait_landed(self, samples: int) -> None:
-        """SIGTERM (each process flushes what it acknowledged), then wait until bronze holds ``samples``."""
+        """SIGTERM (each process flushes what it acknowledged); wait for the command to exit, then
+        check that bronze holds ``samples``. Waiting for the exit rather than reading Delta over
+        and over leaves the cores to the receivers."""
         self.proc.send_signal(signal.SIGTERM)
         self.stopping = True  # once: a second SIGTERM during interpreter exit would kill it
-        deadline = time.monotonic() + self.timeout
-        while (landed := self.store.stats(BRONZE_SAMPLES).rows) < samples:
-            if time.monotonic() > deadline or self.proc.poll() not in (None, 0):
-                raise RuntimeError(f"{landed} of {samples} samples landed; receiver exit {self.proc.poll()}")
-            time.sleep(0.02)
+        code = self.proc.wait(self.timeout)
+        landed = self.store.stats(BRONZE_SAMPLES).rows
+        if code != 0 or landed != samples:
+            raise RuntimeError(f"{landed} of {samples} samples landed; receiver exit {code}: {self.log.read_text()}")
 
     def __enter__(self) -> ReceiverCommand:
         return self
@@ -70,10 +69,9 @@ class ReceiverCommand:
         if not self.stopping and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
-            _, err = self.proc.communicate(timeout=self.timeout)
+            self.proc.wait(self.timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            _, err = self.proc.communicate()
-        self.log.write_text(err or "")
+            self.proc.wait()
         if kind is None and self.proc.returncode != 0:
-            raise RuntimeError(f"the receiver exited with {self.proc.returncode}: {(err or '')[-2000:]}")
+            raise RuntimeError(f"the receiver exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")

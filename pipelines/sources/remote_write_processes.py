@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import queue
 import re
 import signal
 import socket
@@ -50,21 +51,28 @@ def open_receiver(settings: Settings, store: TableStore, index: int = 0) -> Rece
     return Receiver(rw, store, BRONZE_SAMPLES, BRONZE_QUARANTINE, wal_dir(settings, index))
 
 
-def flush_retired(settings: Settings, store: TableStore, processes: int) -> int:
-    """Flush the logs of receiver processes ``processes`` and up, left by a run with more of them."""
+def retired_logs(settings: Settings, processes: int) -> list[int]:
+    """Indexes of logs holding segments that no process of a run with ``processes`` owns."""
     first = wal_dir(settings)
     pattern = re.compile(rf"^{re.escape(first.name)}\.(\d+)$")
-    flushed = 0
-    for folder in sorted(first.parent.glob(f"{first.name}.*")):
+    found = []
+    for folder in first.parent.iterdir() if first.parent.is_dir() else []:
         m = pattern.match(folder.name)
-        if not m or int(m.group(1)) < processes or not any(folder.glob("*.arrow")):
-            continue
-        receiver = open_receiver(settings, store, int(m.group(1)))
+        if m and int(m.group(1)) >= processes and any(p.suffix == ".arrow" for p in folder.iterdir()):
+            found.append(int(m.group(1)))
+    return sorted(found)
+
+
+def flush_retired(settings: Settings, store: TableStore, indexes: list[int]) -> int:
+    """Flush the logs of receiver processes that no longer run (``N`` was larger before)."""
+    flushed = 0
+    for index in indexes:
+        receiver = open_receiver(settings, store, index)
         try:
             rows = receiver.flush()
         finally:
             receiver.close()
-        log.warning("flushed %d rows left in %s by an earlier run with more processes", rows, folder)
+        log.warning("flushed %d rows left in %s by an earlier run with more processes", rows, wal_dir(settings, index))
         flushed += rows
     return flushed
 
@@ -79,10 +87,19 @@ def _store(settings: Settings) -> TableStore:
 
 
 def _serve_one(settings: Settings, host: str, port: int, index: int, ready: Any) -> None:
-    """One receiver process (the target of a spawned child): serve until SIGTERM or SIGINT."""
+    """One receiver process (the target of a spawned child): serve until SIGTERM or SIGINT, or
+    until the parent is gone (so a killed parent never leaves receivers holding the logs)."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+
+        def watch_parent() -> None:
+            parent.join()
+            stop.set()
+
+        threading.Thread(target=watch_parent, name="parent-watch", daemon=True).start()
     receiver = open_receiver(settings, _store(settings), index)
     serve(receiver, host, port, settings.remote_write.workers, stop, lambda _: ready.put(index), reuse_port=True)
 
@@ -91,36 +108,46 @@ def serve_processes(
     settings: Settings, host: str, port: int, processes: int, stop: threading.Event, ready: Callable[[int], None]
 ) -> None:
     """Run ``processes`` receivers on one port until ``stop`` is set; each flushes what it took."""
-    store = _store(settings)
-    flush_retired(settings, store, processes)
-    if processes == 1:
-        serve(open_receiver(settings, store), host, port, settings.remote_write.workers, stop, ready)
-        return
+    retired = retired_logs(settings, processes)
+    if processes == 1 or retired:  # with more processes, the parent needs a store only for these
+        store = _store(settings)
+        flush_retired(settings, store, retired)
+        if processes == 1:
+            serve(open_receiver(settings, store), host, port, settings.remote_write.workers, stop, ready)
+            return
     # Hold the port (bound, never listening, so it takes no connections) so that port 0 names one
     # free port for every child, and nobody else can take it between their binds.
-    holder = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    holder.bind((host, port))
-    port = holder.getsockname()[1]
+    with socket.socket(address_family(host, port), socket.SOCK_STREAM) as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        holder.bind((host, port))
+        _run_children(settings, host, holder.getsockname()[1], processes, stop, ready)
+
+
+def _run_children(
+    settings: Settings, host: str, port: int, processes: int, stop: threading.Event, ready: Callable[[int], None]
+) -> None:
     spawn = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads or a JVM
     started = spawn.Queue()
-    children = [
-        spawn.Process(target=_serve_one, args=(settings, host, port, i, started), name=f"remote-write-{i}")
-        for i in range(processes)
-    ]
+    children: list[Any] = []
+    stopped_early: list[str] = []
     try:
-        for child in children:
+        for i in range(processes):
+            child = spawn.Process(target=_serve_one, args=(settings, host, port, i, started), name=f"remote-write-{i}")
             child.start()
+            children.append(child)
         waiting = set(range(processes))
         while waiting and all(c.is_alive() for c in children) and not stop.is_set():
             try:
                 waiting.discard(started.get(timeout=0.5))
-            except Exception:  # queue.Empty: keep checking on the children
+            except queue.Empty:  # keep checking on the children
                 continue
         if not waiting:
             ready(port)
         while not stop.is_set() and all(c.is_alive() for c in children):
             stop.wait(0.5)
+        # Any child that ended before we were asked to stop ended on its own: a failure, whatever its code.
+        stopped_early = [c.name for c in children if not c.is_alive()] if not stop.is_set() else []
     finally:
         for child in children:
             if child.is_alive():
@@ -130,10 +157,17 @@ def serve_processes(
             if child.is_alive():
                 child.kill()
                 child.join()
-        holder.close()
-    failed = {c.name: c.exitcode for c in children if c.exitcode not in (0, -signal.SIGTERM)}
+        started.close()
+    failed = {c.name: c.exitcode for c in children if c.name in stopped_early or c.exitcode not in (0, -signal.SIGTERM)}
+    for child in children:
+        child.close()
     if failed:
         raise MedallionError(
             f"remote-write receiver processes exited: {failed}; the others stopped after flushing. "
             "Restart the command: each log replays what its process acknowledged."
         )
+
+
+def address_family(host: str, port: int) -> socket.AddressFamily:
+    """IPv4 or IPv6, as ``host`` resolves (``::1`` and ``::`` are IPv6)."""
+    return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]

@@ -101,7 +101,7 @@ def request_series(series: pa.Table, source: str, batch_id: str, now: datetime) 
 
 def sample_count(series: pa.Table) -> int:
     """Samples held by decoded series (the rows they become)."""
-    return sum(len(chunk.values) for chunk in series.column("timestamps_ms").chunks)
+    return int(pc.sum(pc.list_value_length(series.column("timestamps_ms"))).as_py() or 0)
 
 
 def samples_of(series: pa.Table) -> pa.Table:
@@ -400,6 +400,7 @@ class RemoteWriteServer(HTTPServer):
     request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], receiver: Receiver, workers: int, reuse_port: bool = False) -> None:
+        self.address_family = socket.getaddrinfo(*address, type=socket.SOCK_STREAM)[0][0]  # ::1 is IPv6
         self.receiver = receiver
         self.reuse_port = reuse_port
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="remote-write")

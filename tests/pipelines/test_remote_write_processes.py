@@ -144,6 +144,29 @@ def test_one_dead_process_stops_the_command_and_a_smaller_restart_lands_its_log(
     assert "default.1" in {b.split(":")[0] for b in got}
 
 
+def test_receivers_of_a_killed_parent_flush_and_exit_so_a_restart_takes_over(tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    command = Command(lake, processes=2)
+    bodies = [body(n) for n in range(20)]
+    assert [command.post(b) for b in bodies] == [204] * 20
+    wal = lake / "_wal"
+    children = [
+        receiver_pid(command.proc.pid, wal / name) for name in ("remote_write-default", "remote_write-default.1")
+    ]
+    command.proc.kill()  # the parent alone
+    command.proc.wait(30)
+    deadline = time.monotonic() + 60
+    while any(Path(f"/proc/{pid}").exists() for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in children), "receivers outlived their parent"
+    assert sum(landed(lake).values()) == 20 * SAMPLES_PER_BODY  # each flushed what it acknowledged
+    again = Command(lake, processes=2)  # the port and both logs are free again
+    assert again.post(body(99)) == 204
+    code, err = again.stop()
+    assert code == 0, err
+    assert sum(landed(lake).values()) == 21 * SAMPLES_PER_BODY
+
+
 @pytest.mark.slow
 def test_kill_9_at_random_moments_then_restart_lands_every_acknowledged_body_exactly_once(tmp_path: Path) -> None:
     """Senders keep posting while the whole command is SIGKILLed, three times over, with flushes
