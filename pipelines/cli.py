@@ -532,7 +532,7 @@ def serve_remote_write(state: State, host: str | None, port: int | None, process
 
     def ready(bound: int) -> None:
         err_console.print(
-            f"remote-write receiver listening on http://{bind}:{bound}/api/v1/write"
+            f"remote-write receiver listening on http://{f'[{bind}]' if ':' in bind else bind}:{bound}/api/v1/write"
             + (f" ({count} processes)" if count > 1 else ""),
             soft_wrap=True,
         )

@@ -40,10 +40,10 @@ def body(n: int) -> bytes:
 
 
 class Command:
-    def __init__(self, lake: Path, processes: int, flush_interval: str = "1h") -> None:
+    def __init__(self, lake: Path, processes: int, flush_interval: str = "1h", host: str = "127.0.0.1") -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("MEDALLION_")}
         env |= {"MEDALLION_LAKE_ROOT": str(lake), "MEDALLION_REMOTE_WRITE__FLUSH_INTERVAL": flush_interval}
-        cmd = [sys.executable, "-m", "pipelines.cli", "serve", "remote-write", "--port", "0"]
+        cmd = [sys.executable, "-m", "pipelines.cli", "serve", "remote-write", "--host", host, "--port", "0"]
         self.proc = subprocess.Popen(
             [*cmd, "--processes", str(processes)], env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
         )
@@ -54,12 +54,13 @@ class Command:
             line = self.proc.stderr.readline()
             if not line:
                 break
-            m = re.search(r"http://127\.0\.0\.1:(\d+)/api/v1/write", line)
+            m = re.search(r"http://.*:(\d+)/api/v1/write", line)
             self.port = int(m.group(1)) if m else 0
         assert self.port, "the receiver did not say where it listens"
+        self.host = host
 
     def post(self, data: bytes) -> int:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)  # a connection per body
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=30)  # a connection per body
         try:
             conn.request("POST", "/api/v1/write", body=data, headers=PROM_HEADERS)
             resp = conn.getresponse()
@@ -106,6 +107,16 @@ def test_two_processes_share_the_port_and_each_lands_what_it_took(tmp_path: Path
     assert set(receivers) == {"default", "default.1"}  # 40 connections: both took some
     assert all(n == SAMPLES_PER_BODY for n in got.values())
     assert {b.split(":")[1] for b in got} == {batch_id(b, "x").split(":")[1] for b in bodies}
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_an_ipv6_address_is_served(tmp_path: Path, processes: int) -> None:
+    lake = tmp_path / "lake"
+    command = Command(lake, processes, host="::1")
+    assert command.post(body(1)) == 204
+    code, err = command.stop()
+    assert code == 0, err
+    assert sum(landed(lake).values()) == SAMPLES_PER_BODY
 
 
 def receiver_pid(parent: int, log: Path) -> int:
