@@ -51,16 +51,21 @@ class ReceiverCommand:
         self.proc.wait()
         raise RuntimeError(f"the receiver did not start: {self.log.read_text()[-2000:]}")
 
-    def stop_and_wait_landed(self, samples: int) -> None:
-        """SIGTERM (each process flushes what it acknowledged); wait for the command to exit, then
-        check that bronze holds ``samples``. Waiting for the exit rather than reading Delta over
-        and over leaves the cores to the receivers."""
+    def stop_and_wait_landed(self, samples: int) -> float:
+        """SIGTERM (each process flushes what it acknowledged), wait for the command to exit and
+        check that bronze holds ``samples``; return when the last of them landed (the epoch
+        seconds of the table's last commit). Reading the commit time afterwards, rather than
+        reading Delta over and over while it runs, leaves the cores to the receivers and leaves
+        out how long the processes take to exit."""
         self.proc.send_signal(signal.SIGTERM)
         self.stopping = True  # once: a second SIGTERM during interpreter exit would kill it
         code = self.proc.wait(self.timeout)
-        landed = self.store.stats(BRONZE_SAMPLES).rows
-        if code != 0 or landed != samples:
-            raise RuntimeError(f"{landed} of {samples} samples landed; receiver exit {code}: {self.log.read_text()}")
+        stats = self.store.stats(BRONZE_SAMPLES)
+        if code != 0 or stats.rows != samples or stats.last_write is None:
+            raise RuntimeError(
+                f"{stats.rows} of {samples} samples landed; receiver exit {code}: {self.log.read_text()}"
+            )
+        return stats.last_write.timestamp()
 
     def __enter__(self) -> ReceiverCommand:
         return self

@@ -415,10 +415,11 @@ RW_PROCESSES = "remote write -> bronze, {n} receiver process{es}"
 def remote_write_processes_stage(b: Bench, w: Workload) -> None:
     """``medallion serve remote-write`` with one process against two sharing the port.
 
-    Each run starts the command afresh and waits until it listens; the time runs from the first
-    body sent until every sample is in Delta (the command is stopped once the senders are done,
-    which flushes what is left).
+    Each run starts the command afresh and waits until it listens. The time runs from the first
+    body sent until the last sample landed: the command is stopped once the senders are done
+    (which flushes what is left), and the end is the table's last commit, read once it exited.
     """
+    from pipelines.bench.measure import MemorySampler
     from pipelines.bench.receivers import ReceiverCommand
 
     bodies = b.out / "work" / "remote-write-bodies.pickle"
@@ -430,12 +431,17 @@ def remote_write_processes_stage(b: Bench, w: Workload) -> None:
             ctx = b.context("remote-write-processes")
             target = warm_up_first(fig, attempt)
             with ReceiverCommand(ctx.settings, ctx.store, processes, RW_SENDERS) as receiver:
-                with senders_ready(receiver.port, bodies) as send, timed(target, w.samples):
+                with senders_ready(receiver.port, bodies) as send, MemorySampler() as mem:
+                    started = time.time()  # wall clock, as the commit times are
                     statuses = send()
-                    receiver.stop_and_wait_landed(w.samples)
+                    landed = receiver.stop_and_wait_landed(w.samples)
             if set(statuses) != {204}:
                 raise AssertionError(f"remote write answered {statuses}")
-            fig.note = f"{RW_SENDERS} senders (another process); flush every 0.5 s; time until every sample is in Delta"
+            target.seconds.append(round(landed - started, 3))
+            target.units.append(float(w.samples))
+            for name, mb in mem.peak.items():
+                target.peak_rss_mb[name] = max(target.peak_rss_mb.get(name, 0.0), mb)
+            fig.note = f"{RW_SENDERS} senders (another process); flush every 0.5 s; time until the last sample's commit"
 
 
 # -- peers ----------------------------------------------------------------------------------------
