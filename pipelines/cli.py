@@ -843,7 +843,7 @@ def bench(state: State, size: str, out_dir: Path | None, repeats: int | None, so
     """Benchmark every stage on seeded synthetic data, with peers, reduction and scaling figures.
 
     Writes bench.md, bench.json, bench.png and scaling.png. S takes about five minutes on 2 cores
-    (and runs in CI); M about thirty; L is for bigger machines.
+    (and runs in CI); M about twenty-five; L is for bigger machines.
     """
     from pipelines.bench.run import run_bench
     from pipelines.spark import build_spark
