@@ -60,6 +60,10 @@ class WriteAheadLog:
         self._seq = max([first_seq - 1, *(s.seq for s in segments)])
         self._pending = sum(s.size for s in segments)
         self._mutex = threading.Lock()
+        # Numbers taken by appends still writing. Appends run concurrently and may finish out of
+        # order, so the flusher takes only segments below the lowest of these: it records the
+        # highest number it landed, and everything at or below that counts as landed on restart.
+        self._writing: set[int] = set()
 
     def close(self) -> None:
         self._lock_file.close()
@@ -88,6 +92,7 @@ class WriteAheadLog:
             self._seq += 1
             seq = self._seq
             self._pending += data.size
+            self._writing.add(seq)
         final = self.dir / f"{seq:012d}.{kind}.arrow"
         tmp = final.with_suffix(".tmp")
         try:
@@ -102,7 +107,21 @@ class WriteAheadLog:
                 self._pending -= data.size
             tmp.unlink(missing_ok=True)
             raise
+        finally:
+            with self._mutex:
+                self._writing.discard(seq)
         return seq
+
+    def complete(self, kind: str) -> list[Segment]:
+        """Segments of ``kind`` that no unfinished append precedes: safe to land in order.
+
+        The bound is read before the folder is listed: every number below it was either written
+        (renamed into place) or failed (never acknowledged) by then, and any append started later
+        takes a number at or above it.
+        """
+        with self._mutex:
+            limit = min(self._writing, default=self._seq + 1)
+        return [s for s in self.segments(kind) if s.seq < limit]
 
     def _fsync_dir(self) -> None:
         fd = os.open(self.dir, os.O_RDONLY)
@@ -132,7 +151,7 @@ class WriteAheadLog:
         chosen: list[Segment] = []
         tables: list[pa.Table] = []
         rows = 0
-        for seg in self.segments(kind):
+        for seg in self.complete(kind):
             table = self.read(seg)
             if chosen and rows + rows_of(table) > max_rows:
                 break

@@ -245,3 +245,54 @@ def test_cli_serves_until_sigterm_and_flushes_what_it_acknowledged(tmp_path: Pat
     assert proc.returncode == 0
     # The flush interval is an hour: only the shutdown flush can have put the samples in Delta.
     assert DeltaTable(str(lake / "bronze/samples")).to_pyarrow_table().num_rows == 3
+
+
+def test_an_append_that_finishes_after_a_later_one_is_not_taken_for_landed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Concurrent requests may finish out of order. The flusher records the highest segment it
+    landed, and a restart drops everything at or below it, so it must never land segment 2 while
+    segment 1 is still being written."""
+    import os
+    import threading
+
+    from pipelines.settings import RemoteWriteSettings
+    from pipelines.sources.remote_write_server import SERIES as SERIES_KIND
+    from pipelines.sources.remote_write_server import Receiver
+    from pipelines.storage.deltars import DeltaRsStore
+    from pipelines.tables import BRONZE_QUARANTINE, BRONZE_SAMPLES
+
+    lake = tmp_path / "lake"
+    receiver = Receiver(
+        RemoteWriteSettings(),
+        DeltaRsStore(None, str(lake)),
+        BRONZE_SAMPLES,
+        BRONZE_QUARANTINE,
+        lake / "_wal",
+    )
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    first, second = (
+        request_series(codec.from_series([s]), "prometheus", name, now)
+        for s, name in zip(SERIES, ("b1", "b2"), strict=True)
+    )
+    entered, release = threading.Event(), threading.Event()
+    replace = os.replace
+
+    def slow_first(src: str, dst: str) -> None:
+        if str(dst).endswith("000000000001.series.arrow"):
+            entered.set()
+            release.wait(30)
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", slow_first)
+    writer = threading.Thread(target=receiver.wal.append, args=(SERIES_KIND, first))
+    writer.start()
+    assert entered.wait(30)
+    receiver.wal.append(SERIES_KIND, second)  # number 2, done while number 1 is still being written
+    receiver.flush()
+    release.set()
+    writer.join(30)
+    receiver.flush()
+    receiver.close()
+    table = DeltaTable(str(lake / "bronze" / "samples")).to_pyarrow_table()
+    assert sorted(table["batch_id"].to_pylist()) == ["b1", "b2", "b2"]
