@@ -27,7 +27,7 @@ from typing import Any
 
 from pipelines.errors import MedallionError
 from pipelines.settings import Settings
-from pipelines.sources.remote_write_server import Receiver, serve
+from pipelines.sources.remote_write_server import Receiver, address_family, serve
 from pipelines.storage import TableStore, open_store
 from pipelines.tables import BRONZE_QUARANTINE, BRONZE_SAMPLES
 
@@ -166,8 +166,3 @@ def _run_children(
             f"remote-write receiver processes exited: {failed}; the others stopped after flushing. "
             "Restart the command: each log replays what its process acknowledged."
         )
-
-
-def address_family(host: str, port: int) -> socket.AddressFamily:
-    """IPv4 or IPv6, as ``host`` resolves (``::1`` and ``::`` are IPv6)."""
-    return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]

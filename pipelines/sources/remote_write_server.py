@@ -400,18 +400,14 @@ class RemoteWriteServer(HTTPServer):
     request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], receiver: Receiver, workers: int, reuse_port: bool = False) -> None:
-        self.address_family = socket.getaddrinfo(*address, type=socket.SOCK_STREAM)[0][0]  # ::1 is IPv6
+        self.address_family = address_family(*address)
+        # HTTPServer already sets SO_REUSEADDR; SO_REUSEPORT lets several receiver processes bind
+        # one port, and the kernel spreads connections over them.
+        self.allow_reuse_port = reuse_port
         self.receiver = receiver
-        self.reuse_port = reuse_port
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="remote-write")
         self._slots = threading.BoundedSemaphore(workers)
         super().__init__(address, _Handler)
-
-    def server_bind(self) -> None:
-        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if self.reuse_port:  # several receiver processes on one port; the kernel spreads connections
-            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        super().server_bind()
 
     def process_request(self, request: Any, client_address: Any) -> None:
         # Blocking here keeps further connections in the listen backlog instead of in memory.
@@ -430,6 +426,11 @@ class RemoteWriteServer(HTTPServer):
     def server_close(self) -> None:
         super().server_close()
         self._pool.shutdown(wait=True)
+
+
+def address_family(host: str, port: int) -> socket.AddressFamily:
+    """IPv4 or IPv6, as ``host`` resolves (``::1`` and ``::`` are IPv6)."""
+    return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
 
 
 def serve(

@@ -153,9 +153,10 @@ class WriteAheadLog:
         rows = 0
         for seg in self.complete(kind):
             table = self.read(seg)
-            if chosen and rows + rows_of(table) > max_rows:
+            count = rows_of(table)
+            if chosen and rows + count > max_rows:
                 break
             chosen.append(seg)
             tables.append(table)
-            rows += rows_of(table)
+            rows += count
         yield chosen, (pa.concat_tables(tables) if tables else None)
