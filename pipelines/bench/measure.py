@@ -28,6 +28,13 @@ class Figure:
     peers: dict[str, str] = field(default_factory=dict)
     note: str | None = None
 
+    def record(self, seconds: float, units: float, peak_rss_mb: dict[str, float]) -> None:
+        """One run: its time, its units and the peak memory of each process it watched."""
+        self.seconds.append(round(seconds, 3))
+        self.units.append(float(units))
+        for name, mb in peak_rss_mb.items():
+            self.peak_rss_mb[name] = max(self.peak_rss_mb.get(name, 0.0), mb)
+
     @property
     def rates(self) -> list[float]:
         return [u / s for u, s in zip(self.units, self.seconds, strict=True) if s > 0]
@@ -139,7 +146,4 @@ def timed(figure: Figure, units: float | Callable[[], float], extra: dict[str, i
         t0 = time.perf_counter()
         yield
         elapsed = time.perf_counter() - t0
-    figure.seconds.append(round(elapsed, 3))
-    figure.units.append(float(units() if callable(units) else units))
-    for name, mb in mem.peak.items():
-        figure.peak_rss_mb[name] = max(figure.peak_rss_mb.get(name, 0.0), mb)
+    figure.record(elapsed, units() if callable(units) else units, mem.peak)

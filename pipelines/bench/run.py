@@ -231,10 +231,7 @@ def kafka_group_stage(b: Bench, w: Workload, broker: Any) -> None:
                 finally:
                     group.stop()
             rate, counted = group.steady_rate()
-            fig.units.append(float(counted))
-            fig.seconds.append(round(counted / rate, 3))
-            for name, mb in mem.peak.items():
-                fig.peak_rss_mb[name] = max(fig.peak_rss_mb.get(name, 0.0), mb)
+            fig.record(counted / rate, counted, mem.peak)
             fig.note = (
                 f"{len(messages):,} PostHog fixture events produced first, round-robin over {PARTITIONS} partitions; "
                 f"--max-batch {BATCH:,}; rate over the time every process was landing (start-up and joins left out)"
@@ -437,10 +434,7 @@ def remote_write_processes_stage(b: Bench, w: Workload) -> None:
                     landed = receiver.stop_and_wait_landed(w.samples)
             if set(statuses) != {204}:
                 raise AssertionError(f"remote write answered {statuses}")
-            target.seconds.append(round(landed - started, 3))
-            target.units.append(float(w.samples))
-            for name, mb in mem.peak.items():
-                target.peak_rss_mb[name] = max(target.peak_rss_mb.get(name, 0.0), mb)
+            target.record(landed - started, w.samples, mem.peak)
             fig.note = f"{RW_SENDERS} senders (another process); flush every 0.5 s; time until the last sample's commit"
 
 
