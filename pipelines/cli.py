@@ -348,15 +348,21 @@ def ingest_kafka(state: State, once: bool, topics: str | None, max_batch: int, m
     its batch. Several processes with the same group id share the partitions.
     """
     from pipelines import jobs
+    from pipelines.quality import wait_preloaded
+    from pipelines.runner import startup_heap_frozen
 
     if max_batch < 1 or max_wait <= 0:
         raise click.BadParameter("--max-batch must be >= 1 and --max-wait > 0")
     chosen = [t.strip() for t in topics.split(",") if t.strip()] if topics else None
     ctx = state.context(validates=True)
+    # Start-up is over (Spark, and the gates' Great Expectations loading meanwhile): what is alive
+    # now lives as long as the process, so the collections after each flush need not walk it.
+    wait_preloaded()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    stats = jobs.ingest_kafka(ctx, chosen, max_batch=max_batch, max_wait=max_wait, once=once, stop=stop)
+    with startup_heap_frozen():
+        stats = jobs.ingest_kafka(ctx, chosen, max_batch=max_batch, max_wait=max_wait, once=once, stop=stop)
     console.print(
         f"ingest.kafka: {stats.messages:,} messages in {stats.flushes} flush(es), {stats.landed:,} landed, "
         f"{stats.quarantined:,} quarantined, {stats.seconds:.1f}s"

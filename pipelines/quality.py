@@ -54,18 +54,30 @@ def enabled(ctx: Context) -> bool:
     return ctx.settings.quality.enabled
 
 
+_preloading: list[threading.Thread] = []
+
+
 def preload() -> None:
     """Import Great Expectations in the background while Spark starts: it takes seconds of its own."""
 
     def load() -> None:
         try:
+            from expectations.arrow import validate_arrow  # noqa: F401  (the Kafka flushes' gates)
             from expectations.runner import warm_up
 
             warm_up()
         except Exception:  # the first gate imports it again and reports what is wrong
             log.debug("preloading Great Expectations failed", exc_info=True)
 
-    threading.Thread(target=load, name="gx-preload", daemon=True).start()
+    thread = threading.Thread(target=load, name="gx-preload", daemon=True)
+    thread.start()
+    _preloading.append(thread)
+
+
+def wait_preloaded(timeout: float = 120.0) -> None:
+    """Wait for :func:`preload` (if it ran) to finish."""
+    for thread in _preloading:
+        thread.join(timeout)
 
 
 def suite_for(ctx: Context, table: str, **params: Any) -> Suite:

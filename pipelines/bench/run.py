@@ -25,7 +25,7 @@ from pipelines import jobs
 from pipelines.bench import plain
 from pipelines.bench.measure import Figure, as_dicts, timed, warm_up_first
 from pipelines.bench.workloads import KAFKA_MESSAGE_KINDS, PODS, SIZES, Size, Workload, generate, kafka_messages
-from pipelines.runner import Context
+from pipelines.runner import Context, startup_heap_frozen
 from pipelines.settings import KafkaSettings, load_settings
 from pipelines.storage import open_store
 from pipelines.tables import (
@@ -180,8 +180,13 @@ def kafka_stage(b: Bench, w: Workload) -> None:
                 if drained != len(messages):
                     raise AssertionError(f"the bare consumer read {drained} of {len(messages)} messages")
                 pid = broker.pid
-                with timed(warm_up_first(fig, attempt), len(messages), extra={"tansu": pid} if pid else None):
-                    jobs.ingest_kafka(ctx, [topic], max_batch=50_000, max_wait=2.0, once=True)
+                # As `medallion ingest kafka` runs it: its default --max-batch, and the start-up
+                # heap (here: the bench's own workloads too) frozen out of the collector's walks.
+                with (
+                    startup_heap_frozen(),
+                    timed(warm_up_first(fig, attempt), len(messages), extra={"tansu": pid} if pid else None),
+                ):
+                    jobs.ingest_kafka(ctx, [topic], max_wait=2.0, once=True)
                 landed = ctx.store.read(BRONZE_EVENTS).count() + ctx.store.read(BRONZE_QUARANTINE).count()
                 if landed != len(messages):
                     raise AssertionError(f"Kafka stage landed {landed} of {len(messages)} messages")
