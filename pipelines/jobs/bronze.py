@@ -213,7 +213,10 @@ def ingest_kafka(
                 # --max-batch: they stay in Arrow so each partition's offsets commit with them.
                 good, bad = land_messages(ctx, record, kinds[topic], messages, batch_id, now)
                 last = kafka.last_offsets(messages)
-                kafka.write_partitions_once(ctx.store, BRONZE_QUARANTINE, bad, last, group)
+                # Positions come from the target's offsets alone; the quarantine's only keep a redo
+                # from quarantining a row twice, so a flush with nothing to quarantine skips its commit.
+                if bad.num_rows:
+                    kafka.write_partitions_once(ctx.store, BRONZE_QUARANTINE, bad, last, group)
                 landed = kafka.write_partitions_once(ctx.store, target, good, last, group)
                 result.messages += len(messages)
                 result.landed[topic] = landed
