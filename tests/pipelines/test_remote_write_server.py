@@ -256,20 +256,13 @@ def test_an_append_that_finishes_after_a_later_one_is_not_taken_for_landed(
     import os
     import threading
 
-    from pipelines.settings import RemoteWriteSettings
+    from pipelines.settings import load_settings
+    from pipelines.sources.remote_write_processes import open_receiver
     from pipelines.sources.remote_write_server import SERIES as SERIES_KIND
-    from pipelines.sources.remote_write_server import Receiver
     from pipelines.storage.deltars import DeltaRsStore
-    from pipelines.tables import BRONZE_QUARANTINE, BRONZE_SAMPLES
 
     lake = tmp_path / "lake"
-    receiver = Receiver(
-        RemoteWriteSettings(),
-        DeltaRsStore(None, str(lake)),
-        BRONZE_SAMPLES,
-        BRONZE_QUARANTINE,
-        lake / "_wal",
-    )
+    receiver = open_receiver(load_settings(lake_root=str(lake)), DeltaRsStore(None, str(lake)))
     now = datetime(2026, 1, 1, tzinfo=UTC)
     first, second = (
         request_series(codec.from_series([s]), "prometheus", name, now)
