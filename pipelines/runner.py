@@ -193,7 +193,7 @@ def startup_heap_frozen() -> Iterator[None]:
     if gc.get_freeze_count():  # frozen by the caller: theirs to undo
         yield
         return
-    gc.collect()
+    gc.collect()  # garbage collection, not rows: cyclic garbage frozen now would never be freed
     gc.freeze()
     try:
         yield
