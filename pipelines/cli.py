@@ -253,6 +253,7 @@ def _parse_buckets(values: Sequence[str]) -> list[int] | None:
 def job_steps(job: str, buckets: list[int] | None, drain: bool = False) -> list[Callable[[Any], Any]]:
     from pipelines import jobs
 
+    handoff = jobs.PartialsHandoff()  # stage 2 right after stage 1 merges its partials from memory
     steps: dict[str, list[Callable[[Any], Any]]] = {
         "silver-events": [lambda c: jobs.silver_events(c, buckets)],
         "silver-page-changes": [lambda c: jobs.silver_page_changes(c, drain=drain)],
@@ -261,7 +262,7 @@ def job_steps(job: str, buckets: list[int] | None, drain: bool = False) -> list[
         "export": [lambda c: jobs.export_property_values(c, drain=drain)],
     }
     steps["silver"] = steps["silver-events"] + steps["silver-page-changes"]
-    steps["gold"] = steps["gold-partials"] + steps["gold-merge"]
+    steps["gold"] = [lambda c: jobs.gold_partials(c, buckets, handoff), lambda c: jobs.gold_merge(c, buckets, handoff)]
     steps["metrics"] = [lambda c: jobs.silver_metric_panes(c, drain=drain), jobs.gold_metric_windows]
     steps["counters"] = [
         jobs.gold_counter_partials,

@@ -83,8 +83,7 @@ def run_demo(ctx: Context, size: DemoSize) -> dict[str, Any]:
         jobs.ingest_files(ctx, kind, paths)
     jobs.silver_events(ctx)
     jobs.silver_page_changes(ctx, drain=True)  # the demo is a backfill: emit every window
-    jobs.gold_partials(ctx)
-    jobs.gold_merge(ctx)
+    jobs.gold_property_values(ctx)
     jobs.export_property_values(ctx, drain=True)
     from pipelines.demo_metrics import run_metrics
 

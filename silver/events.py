@@ -9,6 +9,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
 from silver.buckets import BUCKET, BucketMapping, assign_buckets
+from silver.properties import DOCUMENT, DOCUMENT_COLUMNS, parse_documents
 
 SILVER_EVENTS_SCHEMA = StructType(
     [
@@ -22,18 +23,22 @@ SILVER_EVENTS_SCHEMA = StructType(
         StructField(BUCKET, IntegerType()),
         StructField("batch_id", StringType()),  # the bronze batch (pod flush) the event came in
         StructField("ingest_time", TimestampType()),
+        # properties and person_properties parsed once (silver.properties): what gold fans out.
+        *(StructField(c, DOCUMENT) for c in DOCUMENT_COLUMNS),
     ]
 )
 SILVER_EVENTS_COLUMNS = [f.name for f in SILVER_EVENTS_SCHEMA.fields]
 
 
 def to_silver_events(mapping: BucketMapping) -> Callable[[DataFrame], DataFrame]:
-    """Bronze event rows -> silver event rows (renamed event time, bucket assigned)."""
+    """Bronze event rows -> silver event rows (renamed event time, bucket assigned, property
+    documents parsed)."""
 
     def transform(df: DataFrame) -> DataFrame:
         return (
             df.withColumn("event_time", F.col("timestamp"))
             .transform(assign_buckets(mapping))
+            .transform(parse_documents())
             .select(*SILVER_EVENTS_COLUMNS)
         )
 

@@ -120,7 +120,7 @@ def chain(
     n_changes = ctx.store.read(BRONZE_PAGE_CHANGES).count()
     run("silver page changes", "events", n_changes, lambda: jobs.silver_page_changes(ctx, drain=True))
     run("silver events", "events", n_events, lambda: jobs.silver_events(ctx))
-    run("gold (stage 1 + 2)", "events", n_events, lambda: (jobs.gold_partials(ctx), jobs.gold_merge(ctx)))
+    run("gold (stage 1 + 2)", "events", n_events, lambda: jobs.gold_property_values(ctx))
     exported: list[int] = []
     run(
         "export to ClickHouse",

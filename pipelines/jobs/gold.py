@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import pyarrow as pa
@@ -24,13 +25,22 @@ from gold.export import (
     progress_of,
     rechunk,
 )
-from gold.property_values import MERGE_UPDATE, WINDOW_START, fan_out, merge_on, merge_source, partials, skip_counts
+from gold.property_values import (
+    MERGE_UPDATE,
+    WINDOW_START,
+    counted_partials,
+    fan_out,
+    merge_on,
+    merge_source,
+    skip_counts,
+    tuple_counts,
+)
 from pipelines import quality
 from pipelines.eventlog import RunRecord
 from pipelines.layer_config import bucket_mapping, fanout_rules, team_filter
-from pipelines.runner import Context, app_id, append_once, check_split, pending, run_job, task_name
+from pipelines.runner import Context, Increment, app_id, append_once, check_split, pending, run_job, task_name
 from pipelines.sinks import clickhouse
-from pipelines.storage import AppTxn
+from pipelines.storage import AppTxn, TableStore
 from pipelines.tables import EXPORT_OUTBOX, EXPORTS, GOLD_EXPORTED, GOLD_PARTIALS, GOLD_PROPERTY_VALUES, SILVER_EVENTS
 from silver.buckets import in_buckets
 
@@ -45,8 +55,42 @@ def counted_teams(ctx: Context, record: RunRecord, rows: DataFrame, metric: str)
     return rows.where(teams.admits(F.col("team_id")))
 
 
-def gold_partials(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
-    """Stage 1: new silver events -> partial tuple counts per window and source batch."""
+@dataclass
+class PartialsHandoff:
+    """Stage 1's partials kept in memory for a stage 2 that runs right after it in the same
+    process (``medallion run gold``): stage 2 then merges what stage 1 computed instead of reading
+    it back. It applies only when the partials stage 1 wrote are exactly the increment stage 2 has
+    pending; otherwise stage 2 reads the table as usual.
+    """
+
+    version: int | None = None
+    frame: DataFrame | None = None
+    cached: list[DataFrame] = field(default_factory=list)
+
+    def keep(self, version: int, frame: DataFrame, cached: Sequence[DataFrame]) -> None:
+        self.release()
+        self.version, self.frame, self.cached = version, frame, list(cached)
+
+    def take(self, store: TableStore, inc: Increment) -> DataFrame | None:
+        """The kept partials if they are all ``inc`` holds: it ends at the version stage 1 wrote,
+        and any version before that in it added no rows (the table's creation, say)."""
+        if self.frame is None or inc.end != self.version:
+            return None
+        if inc.start < inc.end and store.read_inserted(inc.source, inc.start, inc.end - 1).limit(1).count():
+            return None
+        return self.frame
+
+    def release(self) -> None:
+        for df in self.cached:
+            df.unpersist()
+        self.version, self.frame, self.cached = None, None, []
+
+
+def gold_partials(
+    ctx: Context, buckets: Sequence[int] | None = None, handoff: PartialsHandoff | None = None
+) -> RunRecord:
+    """Stage 1: new silver events -> partial tuple counts per window and source batch. With a
+    ``handoff``, the written partials stay cached in it for ``gold_merge``."""
 
     def body(record: RunRecord) -> None:
         ctx.store.ensure(GOLD_PARTIALS)
@@ -56,18 +100,24 @@ def gold_partials(ctx: Context, buckets: Sequence[int] | None = None) -> RunReco
             record.noop("no new silver events")
             return
         read = inc.read(ctx.store).transform(in_buckets(buckets))
-        events = counted_teams(ctx, record, read, "filtered_teams.events").persist()
-        tuples = events.transform(fan_out(fanout_rules(ctx))).persist()
+        events = counted_teams(ctx, record, read, "filtered_teams.events")
+        # One aggregation gives the partials and the skip figures; the fan-out rows themselves
+        # are never kept. The time is a literal so every read of the batch sees the same one.
+        counts = (
+            events.transform(fan_out(fanout_rules(ctx))).transform(tuple_counts(ctx.settings.gold.window)).persist()
+        )
         # One row per skip reason: figures, not rows.
-        reasons = {r["reason"]: r["count"] for r in skip_counts(tuples).collect()}
+        reasons = {r["reason"]: int(r["count"]) for r in skip_counts(counts).collect()}
         counted = reasons.pop("counted", 0)
-        batch = tuples.transform(partials(ctx.settings.gold.window)).persist()
+        batch = counts.transform(counted_partials(F.lit(datetime.now(UTC))))
         # No tuple (a batch all filtered out or without properties): no sum to hold against it.
         out = quality.gate(ctx, record, GOLD_PARTIALS.key, batch, inc.txn, tuples=counted or None)
         n_events, n_out = events.count(), out.count()
-        ctx.store.append(GOLD_PARTIALS, out, [inc.txn])
-        for df in (batch, tuples, events):
-            df.unpersist()
+        version = ctx.store.append(GOLD_PARTIALS, out, [inc.txn])
+        if handoff is not None:
+            handoff.keep(version, out, [counts])
+        else:
+            counts.unpersist()
         record.rows_in, record.rows_out = n_events, n_out
         record.add(input_events=n_events, tuples=counted, partial_rows=n_out)
         record.add(**{f"skipped.{k}": v for k, v in reasons.items()})
@@ -76,8 +126,9 @@ def gold_partials(ctx: Context, buckets: Sequence[int] | None = None) -> RunReco
     return run_job(ctx, task_name("gold.partials", buckets), body)
 
 
-def gold_merge(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
-    """Stage 2: partials not merged yet -> summed per tuple and window -> MERGE into gold."""
+def gold_merge(ctx: Context, buckets: Sequence[int] | None = None, handoff: PartialsHandoff | None = None) -> RunRecord:
+    """Stage 2: partials not merged yet -> summed per tuple and window -> MERGE into gold. Takes
+    the partials from ``handoff`` when they are exactly what is pending, and releases it."""
 
     def body(record: RunRecord) -> None:
         ctx.store.ensure(GOLD_PROPERTY_VALUES)
@@ -88,8 +139,11 @@ def gold_merge(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
             return
         # Stage 2 applies the filter too, so partials counted before a team was filtered out are
         # not merged while it is, and never later: a team added back resumes from what it had.
-        read = inc.read(ctx.store).transform(in_buckets(buckets))
-        parts = counted_teams(ctx, record, read, "filtered_teams.partial_rows").persist()
+        kept = handoff.take(ctx.store, inc) if handoff is not None else None
+        read = kept if kept is not None else inc.read(ctx.store).transform(in_buckets(buckets))
+        parts = counted_teams(ctx, record, read, "filtered_teams.partial_rows")
+        if kept is None:  # kept partials are a view of stage 1's cached counts already
+            parts = parts.persist()
         batch = parts.transform(merge_source()).persist()
         source = quality.gate(ctx, record, GOLD_PROPERTY_VALUES.key, batch, inc.txn)
         n_parts, n_source = parts.count(), source.count()
@@ -103,7 +157,17 @@ def gold_merge(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
         record.add(partial_rows=n_parts, merged_rows=n_source)
         ctx.say(f"gold stage 2: {n_parts:,} partial rows merged as {n_source:,} rows")
 
-    return run_job(ctx, task_name("gold.merge", buckets), body)
+    try:
+        return run_job(ctx, task_name("gold.merge", buckets), body)
+    finally:
+        if handoff is not None:
+            handoff.release()
+
+
+def gold_property_values(ctx: Context, buckets: Sequence[int] | None = None) -> tuple[RunRecord, RunRecord]:
+    """Stage 1 then stage 2, with stage 2 merging stage 1's partials from memory."""
+    handoff = PartialsHandoff()
+    return gold_partials(ctx, buckets, handoff), gold_merge(ctx, buckets, handoff)
 
 
 def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:

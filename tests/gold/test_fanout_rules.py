@@ -19,6 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
 from gold.property_values import FanoutRules, fan_out, merge_source, partials
+from silver.properties import parse_documents
 
 T = datetime(2024, 6, 1, 0, 0, 10, tzinfo=UTC)
 EVENTS = "team_id long, bucket int, event string, event_time timestamp, batch_id string, properties string, person_properties string"
@@ -35,7 +36,11 @@ def fanned(
     rules: FanoutRules = DEFAULT,
 ) -> DataFrame:
     df = spark.createDataFrame([(7, 0, event, T, "b1", properties, person)], EVENTS)
-    return df.transform(fan_out(rules)).select("property_type", "property_key", "property_value", "skip_reason")
+    return (
+        df.transform(parse_documents())
+        .transform(fan_out(rules))
+        .select("property_type", "property_key", "property_value", "skip_reason")
+    )
 
 
 def expect(spark: SparkSession, got: DataFrame, rows: list[Row]) -> None:
@@ -300,7 +305,8 @@ def test_stage_two_sums_a_tuple_over_batches_and_events_in_its_window(spark: Spa
     ]
     df = spark.createDataFrame(rows, EVENTS)
     gold = (
-        df.transform(fan_out(FanoutRules()))
+        df.transform(parse_documents())
+        .transform(fan_out(FanoutRules()))
         .transform(partials(timedelta(seconds=30)))
         .transform(merge_source())
         .select("team_id", "property_type", "property_key", "property_value", "count")

@@ -9,6 +9,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from gold.property_values import FanoutRules, fan_out, merge_source, partials
 from pipelines.fixtures import posthog_events
+from silver.properties import parse_documents
 
 T = datetime(2024, 6, 1, 0, 0, 10, tzinfo=UTC)
 EVENTS = "team_id long, bucket int, event string, event_time timestamp, batch_id string, properties string, person_properties string"
@@ -34,7 +35,11 @@ DEFAULT_RULES = FanoutRules()
 
 
 def tuples(df: DataFrame, rules: FanoutRules = DEFAULT_RULES) -> DataFrame:
-    return df.transform(fan_out(rules)).select("property_type", "property_key", "property_value", "skip_reason")
+    return (
+        df.transform(parse_documents())
+        .transform(fan_out(rules))
+        .select("property_type", "property_key", "property_value", "skip_reason")
+    )
 
 
 TUPLE = "property_type string, property_key string, property_value string, skip_reason string"
@@ -127,7 +132,7 @@ def test_properties_given_as_json_string_fan_out_the_same(spark: SparkSession) -
 def test_real_posthog_fixtures_fan_out_every_property(spark: SparkSession) -> None:
     fixture = list(posthog_events())
     df = events(spark, [(e["event"], e["properties"], None) for e in fixture])
-    out = df.transform(fan_out(FanoutRules()))
+    out = df.transform(parse_documents()).transform(fan_out(FanoutRules()))
     assert out.count() == sum(
         len(e["properties"])
         + len(e["properties"].get("$set") or {})
@@ -157,7 +162,7 @@ def test_partials_count_per_window_and_batch_and_merge_sums_them(spark: SparkSes
         EVENTS,
     )
     created = datetime(2026, 1, 1, tzinfo=UTC)
-    parts = df.transform(fan_out(FanoutRules())).transform(partials(timedelta(seconds=30)))
+    parts = df.transform(parse_documents()).transform(fan_out(FanoutRules())).transform(partials(timedelta(seconds=30)))
     w0, w1 = datetime(2024, 6, 1, tzinfo=UTC), datetime(2024, 6, 1, 0, 0, 30, tzinfo=UTC)
     assertDataFrameEqual(
         parts.select("window_start", "batch_id", "count"),

@@ -1,0 +1,200 @@
+"""Event properties parsed once: each JSON document of an event as a map of key -> (kind, text).
+
+Silver parses an event's ``properties`` and ``person_properties`` JSON once, and keeps each
+document gold fans out (the event's properties, ``person_properties``, ``$set``, ``$set_once`` and
+``$group_set``) as a ``map<string, struct<kind, text>>``:
+
+- ``kind`` is the JSON kind of the value: ``string``, ``integer`` (a number written without
+  fraction or exponent that fits 64 bits), ``number`` (any other number), ``boolean``, ``null``, ``object`` or
+  ``array``;
+- ``text`` is its canonical text: a string as it is, a number in the one text every way of writing
+  it shares (see ``number_text``), ``true`` / ``false``, an object or array as compact JSON with
+  sorted keys, and null for ``null``.
+
+So gold explodes maps and never parses JSON or formats a number again, and ad-hoc SQL reads a
+property as ``props['$browser'].text``. The raw ``properties`` text is kept beside them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import MapType, StringType, StructField, StructType
+
+#: One parsed JSON value.
+PROPERTY = StructType([StructField("kind", StringType()), StructField("text", StringType())])
+#: One parsed JSON object: its entries by key.
+DOCUMENT = MapType(StringType(), PROPERTY)
+
+STRING, INTEGER, NUMBER, BOOLEAN, NULL, OBJECT, ARRAY = (
+    "string",
+    "integer",
+    "number",
+    "boolean",
+    "null",
+    "object",
+    "array",
+)
+NESTED_KINDS = (OBJECT, ARRAY)
+
+#: The parsed documents of a silver event, by column.
+PROPS = "props"  # the event's properties
+PERSON_PROPS = "person_props"  # person_properties: the person after the event
+SET_PROPS = "set_props"  # properties.$set
+SET_ONCE_PROPS = "set_once_props"  # properties.$set_once
+GROUP_SET_PROPS = "group_set_props"  # properties.$group_set
+DOCUMENT_COLUMNS = (PROPS, PERSON_PROPS, SET_PROPS, SET_ONCE_PROPS, GROUP_SET_PROPS)
+_PARSED, _PERSON = "_properties_variant", "_person_variant"
+
+#: Variant types of a JSON number written without fraction or exponent (Spark stores ``1.0`` as
+#: DECIMAL(1,0), so a DECIMAL with scale 0 is not one of them).
+INTEGER_VARIANT_TYPES = ("BIGINT", "INT", "SMALLINT", "TINYINT")
+#: Shortest round-trip digits of a double (Schubfach), in Java's notation; jackson-core ships with
+#: Spark. Java 17's own Double.toString is not always the shortest.
+SHORTEST_DOUBLE = "com.fasterxml.jackson.core.io.schubfach.DoubleToDecimal"
+
+#: The JSON text of an integer, as Spark writes a BIGINT or a DECIMAL of scale 0.
+_INTEGER_TEXT = r"^-?[0-9]+$"
+#: A plain decimal of at most 21 integer digits (|x| < 1e21, where JavaScript writes plain digits).
+_PLAIN_DECIMAL = r"^-?[0-9]{1,21}[.][0-9]+$"
+#: Under 1e-6 in magnitude, where JavaScript switches to an exponent.
+_UNDER_MICRO = r"^-?0[.]0{6}"
+
+
+def number_text(value: Column) -> Column:
+    """The canonical text of a JSON number held in a VARIANT (null for anything else).
+
+    - An integer keeps all its digits: ``-0`` is ``0``, 2^53+1 stays ``9007199254740993``, and
+      ``100.0`` is ``100``. That is every number Spark holds exactly with no fraction (BIGINT, or
+      DECIMAL with scale 0, up to 38 digits); an exponent or more digits make it a double.
+    - Any other number is the double it denotes, written as JavaScript's ``String(x)`` (and
+      ``JSON.stringify``) writes it: the shortest digits that read back to the same double, plain
+      for 1e-6 <= |x| < 1e21, else ``d.ddde±n``. So ``1.0`` is ``1``, ``2.5e3`` ``2500``,
+      ``1e21`` ``1e+21``, ``1e16`` ``10000000000000000``, ``1.25e-5`` ``0.0000125``,
+      ``0.000001`` ``0.000001``, ``1e-7`` ``1e-7``.
+
+    Built from native functions: Schubfach's shortest digits (via ``reflect``) re-laid-out with
+    string functions, no Python UDF. ``property_value`` takes a faster path first and calls this
+    only for the numbers that path cannot write.
+    """
+    kind = F.schema_of_variant(value)
+    integer = F.when(kind.isin(*INTEGER_VARIANT_TYPES) | kind.endswith(",0)"), F.to_json(value))
+    double = F.try_variant_get(value, "$", "double")
+    java = F.reflect(F.lit(SHORTEST_DOUBLE), F.lit("toString"), double)  # e.g. -1.25E-5, 2500.0
+    parts = r"^-?([0-9]+)\.([0-9]+)(?:E(-?[0-9]+))?$"
+    whole, fraction = F.regexp_extract(java, parts, 1), F.regexp_extract(java, parts, 2)
+    exponent = F.coalesce(F.regexp_extract(java, parts, 3).try_cast("int"), F.lit(0))
+    digits = F.concat(whole, fraction)
+    leading = F.length(digits) - F.length(F.regexp_replace(digits, "^0+", ""))
+    significant = F.regexp_replace(F.regexp_replace(digits, "^0+", ""), "0+$", "")
+    k = F.length(significant)
+    n = F.length(whole) + exponent - leading  # the value is 0.<significant> x 10^n
+    e = n - 1
+    sign = F.when(java.startswith("-") & (k > 0), F.lit("-")).otherwise(F.lit(""))
+    laid_out = (
+        F.when(k == 0, F.lit("0"))
+        .when((k <= n) & (n <= 21), F.concat(significant, F.repeat(F.lit("0"), n - k)))
+        .when(
+            (n > 0) & (n <= 21),
+            F.concat(F.substr(significant, F.lit(1), n), F.lit("."), F.substr(significant, n + 1)),
+        )
+        .when((n > -6) & (n <= 0), F.concat(F.lit("0."), F.repeat(F.lit("0"), -n), significant))
+        .otherwise(
+            F.concat(
+                F.substr(significant, F.lit(1), F.lit(1)),
+                F.when(k > 1, F.concat(F.lit("."), F.substr(significant, F.lit(2)))).otherwise(F.lit("")),
+                F.lit("e"),
+                F.when(e >= 0, F.lit("+")).otherwise(F.lit("-")),
+                F.abs(e).cast("string"),
+            )
+        )
+    )
+    finite = F.when(whole != "", F.concat(sign, laid_out)).otherwise(java)  # else Infinity, -Infinity
+    fractional = kind.isin("DOUBLE", "FLOAT") | kind.startswith("DECIMAL")
+    return F.coalesce(integer, F.when(fractional, finite))
+
+
+def _kind(json: Column, value: Column) -> Column:
+    first = F.substring(json, 1, 1)
+    return (
+        F.when(first == '"', F.lit(STRING))
+        .when(first == "n", F.lit(NULL))
+        .when(first == "{", F.lit(OBJECT))
+        .when(first == "[", F.lit(ARRAY))
+        .when(first.isin("t", "f"), F.lit(BOOLEAN))
+        # Spark holds 2.0 as DECIMAL(1,0): its text is 2, but only an integer type was written so.
+        .when(F.schema_of_variant(value).isin(*INTEGER_VARIANT_TYPES), F.lit(INTEGER))
+        .otherwise(F.lit(NUMBER))
+    )
+
+
+def _text(json: Column, value: Column) -> Column:
+    """The canonical text of one value, from its JSON text and the value itself.
+
+    A plain decimal of at most 15 significant digits is the shortest text of the double it
+    denotes (any two such decimals denote different doubles), so it only loses trailing zeros;
+    Schubfach (``number_text``) runs only for the other fractional numbers.
+    """
+    first = F.substring(json, 1, 1)
+    significant = F.regexp_replace(F.regexp_replace(json, "[-.]", ""), "^0+|0+$", "")
+    short_decimal = json.rlike(_PLAIN_DECIMAL) & (F.length(significant) <= 15) & ~json.rlike(_UNDER_MICRO)
+    trimmed = F.regexp_replace(F.regexp_replace(json, "0+$", ""), "[.]$", "")
+    return (
+        F.when(
+            first == '"',
+            # Spark escapes only quotes, backslashes and control characters: no backslash, no escape.
+            F.when(~json.contains("\\"), F.substring(json, F.lit(2), F.length(json) - 2)).otherwise(
+                F.try_variant_get(value, "$", "string")
+            ),
+        )
+        .when(first == "n", F.lit(None).cast("string"))
+        .when(first.isin("{", "[", "t", "f"), json)
+        .when(json.rlike(_INTEGER_TEXT), F.when(json == "-0", F.lit("0")).otherwise(json))
+        .when(short_decimal, F.when(trimmed == "-0", F.lit("0")).otherwise(trimmed))
+        .otherwise(number_text(value))
+    )
+
+
+def document(obj: Column) -> Column:
+    """A JSON object held in a VARIANT -> its entries as ``map<string, struct<kind, text>>`` (null
+    when it is not an object)."""
+    entries = F.try_variant_get(obj, "$", "map<string,variant>")
+    # Higher-order functions are interpreted, where an expression used twice is evaluated twice:
+    # each value's JSON text is made once, in a pass of its own.
+    with_json = F.transform_values(entries, lambda _, v: F.struct(F.to_json(v).alias("json"), v.alias("value")))
+    return F.transform_values(
+        with_json,
+        lambda _, s: F.struct(_kind(s["json"], s["value"]).alias("kind"), _text(s["json"], s["value"]).alias("text")),
+    )
+
+
+def parse_documents(
+    properties: str = "properties", person_properties: str = "person_properties"
+) -> Callable[[DataFrame], DataFrame]:
+    """Adds the parsed documents (``PROPS`` ... ``GROUP_SET_PROPS``) from the JSON text columns.
+
+    Parsed as Spark's VARIANT (a key given twice keeps its last occurrence); a text that is not a
+    JSON object gives a null document, as does a missing or non-object ``$set`` and the like.
+    """
+
+    def transform(df: DataFrame) -> DataFrame:
+        # Parsed in a projection of its own, so the four documents read one parse (the
+        # interpreted higher-order functions would each evaluate an inline parse again).
+        parsed = df.select(
+            "*",
+            F.try_parse_json(F.col(properties)).alias(_PARSED),
+            F.try_parse_json(F.col(person_properties)).alias(_PERSON),
+        )
+        props = F.col(_PARSED)
+        return parsed.select(
+            *df.columns,
+            document(props).alias(PROPS),
+            document(F.col(_PERSON)).alias(PERSON_PROPS),
+            document(F.try_variant_get(props, "$['$set']", "variant")).alias(SET_PROPS),
+            document(F.try_variant_get(props, "$['$set_once']", "variant")).alias(SET_ONCE_PROPS),
+            document(F.try_variant_get(props, "$['$group_set']", "variant")).alias(GROUP_SET_PROPS),
+        )
+
+    return transform

@@ -1,0 +1,69 @@
+"""Gold's two stages run back to back: stage 2 merges stage 1's partials from memory when they are
+exactly what it has pending, and reads the table otherwise; gold is the same either way."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from pipelines import jobs
+from pipelines.runner import Context, Increment
+from pipelines.settings import Settings
+from pipelines.storage import open_store
+from pipelines.tables import GOLD_PARTIALS, GOLD_PROPERTY_VALUES
+from tests.pipelines.test_jobs import write_events
+
+
+@pytest.fixture
+def ctx(spark: SparkSession, engine_settings: Callable[..., Settings], tmp_path: Path) -> Context:
+    settings = engine_settings(tmp_path / "lake")
+    return Context(settings=settings, spark=spark, store=open_store(settings, spark))
+
+
+def gold_counts(ctx: Context) -> list[tuple[int, str, str, int]]:
+    rows = ctx.store.read(GOLD_PROPERTY_VALUES).select("team_id", "property_key", "property_value", "count")
+    return sorted(tuple(r) for r in rows.collect())
+
+
+def test_stage_two_right_after_stage_one_merges_its_partials_without_reading_them_back(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jobs.ingest_files(ctx, "events", [write_events(tmp_path / "a.jsonl", 1, 10)])
+    jobs.silver_events(ctx)
+    read = Increment.read
+
+    def no_partials(self: Increment, store: object) -> object:
+        assert self.source != GOLD_PARTIALS, "stage 2 read back the partials stage 1 had just written"
+        return read(self, store)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Increment, "read", no_partials)
+    partials, merged = jobs.gold_property_values(ctx)
+    assert (partials.status, merged.status) == ("ok", "ok")
+    # 10 events, $browser alternating Firefox / Chrome and n alternating 0 / 1, in one window.
+    assert gold_counts(ctx) == [
+        (1, "$browser", "Chrome", 5),
+        (1, "$browser", "Firefox", 5),
+        (1, "n", "0", 5),
+        (1, "n", "1", 5),
+    ]
+    assert ctx.store.read(GOLD_PARTIALS).count() == 4
+
+
+def test_stage_two_reads_the_table_when_more_than_stage_ones_write_is_pending(ctx: Context, tmp_path: Path) -> None:
+    jobs.ingest_files(ctx, "events", [write_events(tmp_path / "a.jsonl", 1, 10)])
+    jobs.silver_events(ctx)
+    jobs.gold_partials(ctx)  # another pod's stage 1, not merged yet
+    jobs.ingest_files(ctx, "events", [write_events(tmp_path / "b.jsonl", 1, 4, start=10)])
+    jobs.silver_events(ctx)
+    _, merged = jobs.gold_property_values(ctx)
+    assert merged.metrics["partial_rows"] == 8
+    assert gold_counts(ctx) == [
+        (1, "$browser", "Chrome", 7),
+        (1, "$browser", "Firefox", 7),
+        (1, "n", "0", 7),
+        (1, "n", "1", 7),
+    ]
+    assert jobs.gold_merge(ctx).status == "noop"
