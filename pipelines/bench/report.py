@@ -76,7 +76,22 @@ def markdown(result: dict[str, Any]) -> str:
             f"{_n(s['median_seconds'])} | {mem} | {ratio} |"
         )
     notes = [f"- {s['stage']}: {s['note']}" for s in result["stages"] if s.get("note")]
-    lines += ["", *notes, "", "## Records per event: single-stage vs two-stage", ""]
+    lines += ["", *notes]
+    if result.get("fixed_costs"):
+        lines += [
+            "",
+            "## Per-run fixed costs (session up, lake of a chain run)",
+            "",
+            "| job | no-op run, s (min-max) | 1-event run, s (min-max) |",
+            "|---|---:|---:|",
+        ]
+        for r in result["fixed_costs"]:
+            n, o = r["noop"], r["one_event"]
+            lines.append(
+                f"| {r['stage']} | {n['median']:.2f} ({n['min']:.2f}-{n['max']:.2f}) "
+                f"| {o['median']:.2f} ({o['min']:.2f}-{o['max']:.2f}) |"
+            )
+    lines += ["", "## Records per event: single-stage vs two-stage", ""]
     lines += ["| pods | single-stage records/event | two-stage records/event |", "|---:|---:|---:|"]
     for r in result["reduction"]:
         lines.append(f"| {r['pods']} | {r['single_stage_per_event']:.3f} | {r['two_stage_per_event']:.3f} |")

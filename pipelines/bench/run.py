@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import statistics
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -603,6 +604,62 @@ def dedup_by_window(ctx: Context) -> list[dict[str, Any]]:
     ]
 
 
+#: The event path's jobs, each run alone, for the per-run fixed costs (``drain``: the export
+#: treats every window as closed, so a 1-event run sends the event's tuples).
+FIXED_COST_STEPS: tuple[tuple[str, Callable[[Context, bool], Any]], ...] = (
+    ("silver events", lambda c, _: jobs.silver_events(c)),
+    ("gold stage 1", lambda c, _: jobs.gold_partials(c)),
+    ("gold stage 2", lambda c, _: jobs.gold_merge(c)),
+    ("export to ClickHouse", lambda c, drain: jobs.export_property_values(c, drain=drain)),
+)
+
+
+def fixed_costs(b: Bench, ctx: Context, w: Workload) -> list[dict[str, Any]]:
+    """What each event-path job costs on its own, once the session is up, on the lake a chain
+    run left: on an empty increment (a no-op run) and on a 1-event increment (one new event
+    landed, then each job in order; the export drains, so it sends the event's tuples). Median,
+    min and max of ``repeats`` runs after a warm-up."""
+    noop: dict[str, list[float]] = {name: [] for name, _ in FIXED_COST_STEPS}
+    one: dict[str, list[float]] = {name: [] for name, _ in FIXED_COST_STEPS}
+    statuses: dict[str, set[tuple[str, str]]] = {name: set() for name, _ in FIXED_COST_STEPS}
+    folder = b.out / "work" / "one-event"
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def each_step(counted: bool, run: str, drain: bool, into: dict[str, list[float]]) -> None:
+        for name, step in FIXED_COST_STEPS:
+            t0 = time.perf_counter()
+            record = step(ctx, drain)
+            if counted:
+                into[name].append(time.perf_counter() - t0)
+                statuses[name].add((run, record.status))
+
+    for attempt in range(b.repeats + 1):
+        each_step(attempt > 0, "noop", False, noop)
+        event = {**w.events[attempt % len(w.events)], "uuid": str(uuid.uuid4())}
+        path = folder / f"one-{attempt}.jsonl"
+        path.write_text(json.dumps(event, default=str) + "\n")
+        jobs.ingest_files(ctx, "events", [path])
+        each_step(attempt > 0, "one_event", True, one)
+
+    def summary(seconds: list[float]) -> dict[str, float]:
+        return {
+            "median": round(statistics.median(seconds), 3),
+            "min": round(min(seconds), 3),
+            "max": round(max(seconds), 3),
+        }
+
+    return [
+        {
+            "stage": name,
+            "noop": summary(noop[name]),
+            "one_event": summary(one[name]),
+            # what each run reported, so a reader (and the smoke test) sees the runs did what they say
+            "statuses": sorted(f"{run}: {status}" for run, status in statuses[name]),
+        }
+        for name, _ in FIXED_COST_STEPS
+    ]
+
+
 def buffer_growth(b: Bench, w: Workload) -> list[dict[str, Any]]:
     """State of the page-change buffer after each arriving file (windows close as time passes)."""
     ctx = b.context("buffer", quality=False)
@@ -658,6 +715,8 @@ def run_bench(
     remote_write_processes_stage(b, w)
     say("metric panes: tumbling vs sliding")
     metric_panes_stage(b, w)
+    say("per-run fixed costs: no-op and 1-event runs")
+    b.extra["fixed_costs"] = fixed_costs(b, ctx, w)
     say("reduction by pods, dedup by window, buffer growth")
     b.extra["reduction"] = reduction(b, w)
     b.extra["dedup"] = dedup_by_window(ctx)

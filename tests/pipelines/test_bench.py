@@ -206,3 +206,17 @@ def test_the_buffer_sees_every_page_change_once(bench: tuple[Path, dict[str, Any
     assert inputs == sorted(inputs) and inputs[-1] == result["workload"]["page_changes_landed"]
     assert all(0 <= s["buffered_events"] <= s["input_events"] for s in steps)
     assert result["scaling"]["sizes"] == {"S": 20_000}
+
+
+def test_fixed_costs_time_a_noop_and_a_one_event_run_of_every_event_path_job(
+    bench: tuple[Path, dict[str, Any], str],
+) -> None:
+    out, result, _ = bench
+    rows = {r["stage"]: r for r in result["fixed_costs"]}
+    assert list(rows) == ["silver events", "gold stage 1", "gold stage 2", "export to ClickHouse"]
+    for name, r in rows.items():
+        # the empty increment did nothing, and the one event went through every job
+        assert r["statuses"] == ["noop: noop", "one_event: ok"], (name, r["statuses"])
+        assert 0 < r["noop"]["min"] <= r["noop"]["median"] <= r["noop"]["max"]
+        assert 0 < r["one_event"]["min"] <= r["one_event"]["median"] <= r["one_event"]["max"]
+    assert "## Per-run fixed costs" in (out / "bench.md").read_text()
