@@ -184,9 +184,13 @@ def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:
     chunk = ctx.settings.clickhouse.insert_chunk_rows
     app = app_id("export.clickhouse", GOLD_PROPERTY_VALUES)
 
-    def deliver(seq: int, record: RunRecord) -> int:
-        """Send outbox batch ``seq`` (again) and record it as exported; returns rows sent."""
-        rows = ctx.store.read(EXPORT_OUTBOX, where=f"export_seq = {seq}").persist()
+    def deliver(seq: int, record: RunRecord, written: DataFrame | None = None) -> int:
+        """Send outbox batch ``seq`` (again) and record it as exported; returns rows sent.
+
+        ``written`` is the batch's rows as this run just wrote them to the outbox, cached: they
+        are sent from there instead of being read back (the order and chunks are the same, as
+        the order is by the whole key). A resend reads the outbox."""
+        rows = written if written is not None else ctx.store.read(EXPORT_OUTBOX, where=f"export_seq = {seq}").persist()
         sent = 0
         with clickhouse.connect(ctx.settings) as client, ctx.store.stream(in_send_order(rows, g.window)) as batches:
             clickhouse.ensure_property_values(client, database, ctx.settings.clickhouse.ttl_days)
@@ -199,7 +203,8 @@ def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:
         )
         # Two sums over the batch: figures, not rows.
         sums = rows.agg(F.sum("count").alias("n"), F.sum(F.col("correction").cast("long")).alias("c")).first()
-        rows.unpersist()
+        if written is None:
+            rows.unpersist()
         count_sum, corrections = (int(sums["n"] or 0), int(sums["c"] or 0)) if sums else (0, 0)
         log_row = pa.Table.from_pylist(
             [
@@ -281,7 +286,12 @@ def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:
             )
         batch = batch.persist()
         cached.append(batch)
-        gated, dropped = batch.where("_gated").count(), batch.where("_dropped").count()
+        # Two figures over the batch in one pass.
+        flags = batch.agg(
+            F.coalesce(F.sum(F.col("_gated").cast("long")), F.lit(0)),
+            F.coalesce(F.sum(F.col("_dropped").cast("long")), F.lit(0)),
+        ).first()
+        gated, dropped = (int(flags[0]), int(flags[1])) if flags else (0, 0)
         seq = out_seq + 1
         sendable = batch.where("NOT _gated AND NOT _dropped").drop("_gated", "_dropped")
         to_send = quality.gate(ctx, record, EXPORT_DATASET, sendable, AppTxn(app, seq))
@@ -298,8 +308,12 @@ def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:
             return
         ctx.store.append(EXPORT_OUTBOX, rows, [AppTxn(app, seq)])
         for df in cached:
-            df.unpersist()
-        sent = deliver(seq, record)
+            if df is not rows:
+                df.unpersist()
+        try:
+            sent = deliver(seq, record, written=rows)
+        finally:
+            rows.unpersist()
         record.rows_in = record.rows_out = sent
         ctx.say(
             f"export: batch {seq}: {sent:,} rows to ClickHouse {clickhouse.PROPERTY_VALUES_TABLE} "
