@@ -106,18 +106,22 @@ def gold_partials(
         counts = (
             events.transform(fan_out(fanout_rules(ctx))).transform(tuple_counts(ctx.settings.gold.window)).persist()
         )
-        # One row per skip reason: figures, not rows.
-        reasons = {r["reason"]: int(r["count"]) for r in skip_counts(counts).collect()}
-        counted = reasons.pop("counted", 0)
-        batch = counts.transform(counted_partials(F.lit(datetime.now(UTC))))
-        # No tuple (a batch all filtered out or without properties): no sum to hold against it.
-        out = quality.gate(ctx, record, GOLD_PARTIALS.key, batch, inc.txn, tuples=counted or None)
-        n_events, n_out = events.count(), out.count()
-        version = ctx.store.append(GOLD_PARTIALS, out, [inc.txn])
-        if handoff is not None:
-            handoff.keep(version, out, [counts])
-        else:
-            counts.unpersist()
+        handed_off = False
+        try:
+            # One row per skip reason: figures, not rows.
+            reasons = {r["reason"]: int(r["count"]) for r in skip_counts(counts).collect()}
+            counted = reasons.pop("counted", 0)
+            batch = counts.transform(counted_partials(F.lit(datetime.now(UTC))))
+            # No tuple (a batch all filtered out or without properties): no sum to hold against it.
+            out = quality.gate(ctx, record, GOLD_PARTIALS.key, batch, inc.txn, tuples=counted or None)
+            n_events, n_out = events.count(), out.count()
+            version = ctx.store.append(GOLD_PARTIALS, out, [inc.txn])
+            if handoff is not None:
+                handoff.keep(version, out, [counts])
+                handed_off = True
+        finally:
+            if not handed_off:  # released on every path, unless stage 2 takes it over
+                counts.unpersist()
         record.rows_in, record.rows_out = n_events, n_out
         record.add(input_events=n_events, tuples=counted, partial_rows=n_out)
         record.add(**{f"skipped.{k}": v for k, v in reasons.items()})
