@@ -108,7 +108,7 @@ def gold_partials(
         )
         handed_off = False
         try:
-            # One row per skip reason: figures, not rows.
+            # At most one row per skip reason (eight) plus "counted": figures, not rows.
             reasons = {r["reason"]: int(r["count"]) for r in skip_counts(counts).collect()}
             counted = reasons.pop("counted", 0)
             batch = counts.transform(counted_partials(F.lit(datetime.now(UTC))))
