@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, LongType, StructField, StructType, TimestampType
@@ -239,14 +240,42 @@ def in_send_order(outbox: DataFrame, width: timedelta) -> DataFrame:
     """An outbox batch -> EXPORT_COLUMNS and ``last_seen`` (the end of the row's window: when the
     tuple was last counted, to a window's width) in a fixed order, so a resend chunks the same
     rows alike."""
+    return outbox.select(*EXPORT_COLUMNS, last_seen(width)).orderBy(*EXPORT_COLUMNS[:-1])
+
+
+def with_last_seen(rows: pa.Table, width: timedelta) -> pa.Table:
+    """Outbox rows in Arrow (EXPORT_COLUMNS) -> the same with ``last_seen`` (as :func:`last_seen`)."""
+    return rows.append_column("last_seen", pc.add(rows[WINDOW_START], pa.scalar(width, pa.duration("us"))))
+
+
+def last_seen(width: timedelta) -> Column:
+    """``last_seen`` of a ClickHouse row: the end of its window."""
     w = int(width.total_seconds() * 1_000_000)
-    last_seen = F.timestamp_micros(F.unix_micros(F.col(WINDOW_START)) + F.lit(w)).alias("last_seen")
-    return outbox.select(*EXPORT_COLUMNS, last_seen).orderBy(*EXPORT_COLUMNS[:-1])
+    return F.timestamp_micros(F.unix_micros(F.col(WINDOW_START)) + F.lit(w)).alias("last_seen")
 
 
 def exported_rows(outbox: DataFrame) -> DataFrame:
     """An outbox batch -> its rows of the exported state (EXPORTED_SCHEMA), the MERGE source."""
     return outbox.select(*EXPORT_COLUMNS[:-1], F.col("total").alias("exported_count"), "export_seq")
+
+
+@dataclass(frozen=True)
+class BatchFigures:
+    """What an outbox batch holds: its rows, the counts it adds and how many rows are corrections."""
+
+    rows: int
+    count_sum: int
+    corrections: int
+
+
+def batch_figures(batch: DataFrame) -> BatchFigures:
+    """An outbox batch -> its figures, in one aggregation (one row: figures, not rows)."""
+    found = batch.agg(
+        F.count(F.lit(1)),
+        F.coalesce(F.sum("count"), F.lit(0)),
+        F.coalesce(F.sum(F.col("correction").cast("long")), F.lit(0)),
+    ).first()
+    return BatchFigures(*(int(v) for v in found)) if found else BatchFigures(0, 0, 0)
 
 
 EXPORTED_ON = " AND ".join(f"t.{c} = s.{c}" for c in EXPORT_COLUMNS[:-1])

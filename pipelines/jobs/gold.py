@@ -11,9 +11,12 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from gold.export import (
+    EXPORT_COLUMNS,
     EXPORT_DATASET,
     EXPORTED_ON,
     EXPORTED_UPDATE,
+    BatchFigures,
+    batch_figures,
     changed_keys,
     export_batch,
     export_bounds,
@@ -24,6 +27,7 @@ from gold.export import (
     outbox_rows,
     progress_of,
     rechunk,
+    with_last_seen,
 )
 from gold.property_values import (
     MERGE_UPDATE,
@@ -187,29 +191,66 @@ def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:
     database = ctx.settings.clickhouse.database
     chunk = ctx.settings.clickhouse.insert_chunk_rows
     app = app_id("export.clickhouse", GOLD_PROPERTY_VALUES)
+    # The outbox records each batch under ``files_app``: sent in the order of its files. Batches
+    # written before that are under ``app``: sent sorted by key.
+    files_app = f"{app}#files"
 
-    def deliver(seq: int, record: RunRecord, written: DataFrame | None = None) -> int:
+    def deliver(seq: int, record: RunRecord, written: tuple[DataFrame, BatchFigures, int] | None = None) -> int:
         """Send outbox batch ``seq`` (again) and record it as exported; returns rows sent.
 
-        ``written`` is the batch's rows as this run just wrote them to the outbox, cached: they
-        are sent from there instead of being read back (the order and chunks are the same, as
-        the order is by the whole key). A resend reads the outbox."""
-        rows = written if written is not None else ctx.store.read(EXPORT_OUTBOX, where=f"export_seq = {seq}").persist()
-        sent = 0
-        with clickhouse.connect(ctx.settings) as client, ctx.store.stream(in_send_order(rows, g.window)) as batches:
-            clickhouse.ensure_property_values(client, database, ctx.settings.clickhouse.ttl_days)
-            # A fixed order and chunking, so a resend carries the same tokens for the same rows.
-            for i, data in enumerate(rechunk(batches, chunk)):
-                clickhouse.insert(client, clickhouse.PROPERTY_VALUES_TABLE, data, _token(seq, i), database)
-                sent += data.num_rows
-        ctx.store.merge(
-            GOLD_EXPORTED, exported_rows(rows), on=EXPORTED_ON, update=EXPORTED_UPDATE, txns=[AppTxn(app, seq)]
-        )
-        # Two sums over the batch: figures, not rows.
-        sums = rows.agg(F.sum("count").alias("n"), F.sum(F.col("correction").cast("long")).alias("c")).first()
+        ``written`` is the batch's rows as this run just wrote them to the outbox (a view of its
+        cached batch), their figures and the outbox version that holds them. A resend reads the
+        outbox.
+
+        The rows go to ClickHouse straight from the files the outbox commit added, in their order
+        (no sort, no copy), in chunks of ``insert_chunk_rows`` whose tokens name their place in
+        that order: a resend cuts the same files into the same chunks. A batch written before
+        the outbox recorded ``<app>#files`` is resent as it was first sent: sorted by its key.
+
+        What was exported is recorded in two writes, each as cheap as the batch: the tuples
+        exported for the first time are appended (under ``<app>#new``, so a redo does not append
+        them twice), and only the corrections are merged into what was exported before, in the
+        commit that records the batch. An append never rewrites the files the exported state holds.
+        """
         if written is None:
-            rows.unpersist()
-        count_sum, corrections = (int(sums["n"] or 0), int(sums["c"] or 0)) if sums else (0, 0)
+            rows = ctx.store.read(EXPORT_OUTBOX, where=f"export_seq = {seq}").persist()
+            figures = batch_figures(rows)
+            in_files = ctx.store.txn_version(EXPORT_OUTBOX, files_app) == seq  # else a batch from before
+            outbox_version = ctx.store.commit_of(EXPORT_OUTBOX, AppTxn(files_app, seq)) if in_files else None
+        else:
+            rows, figures, outbox_version = written
+        try:
+            sent = 0
+            batches = (
+                ctx.store.stream(in_send_order(rows, g.window))
+                if outbox_version is None
+                else ctx.store.stream_added(EXPORT_OUTBOX, outbox_version, EXPORT_COLUMNS)
+            )
+            with clickhouse.connect(ctx.settings) as client, batches as reader:
+                clickhouse.ensure_property_values(client, database, ctx.settings.clickhouse.ttl_days)
+                for i, data in enumerate(rechunk(reader, chunk)):
+                    if outbox_version is not None:
+                        data = with_last_seen(data, g.window)
+                    token = _token(seq, i, "c" if outbox_version is None else "f")
+                    clickhouse.insert(client, clickhouse.PROPERTY_VALUES_TABLE, data, token, database)
+                    sent += data.num_rows
+            if figures.rows > figures.corrections:
+                first_time = exported_rows(rows.where(~F.col("correction")))
+                append_once(ctx.store, GOLD_EXPORTED, first_time, AppTxn(f"{app}#new", seq))
+            if figures.corrections:
+                ctx.store.merge(
+                    GOLD_EXPORTED,
+                    exported_rows(rows.where(F.col("correction"))),
+                    on=EXPORTED_ON,
+                    update=EXPORTED_UPDATE,
+                    txns=[AppTxn(app, seq)],
+                )
+            else:  # nothing to correct: the commit records the batch alone
+                ctx.store.append(GOLD_EXPORTED, GOLD_EXPORTED.arrow_schema.empty_table(), [AppTxn(app, seq)])
+        finally:
+            if written is None:
+                rows.unpersist()
+        count_sum, corrections = figures.count_sum, figures.corrections
         log_row = pa.Table.from_pylist(
             [
                 {
@@ -236,7 +277,7 @@ def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:
     def body(record: RunRecord) -> None:
         for spec in (GOLD_PROPERTY_VALUES, GOLD_EXPORTED, EXPORT_OUTBOX, EXPORTS):
             ctx.store.ensure(spec)
-        out_seq = ctx.store.txn_version(EXPORT_OUTBOX, app) or 0
+        out_seq = max(ctx.store.txn_version(EXPORT_OUTBOX, a) or 0 for a in (app, files_app))
         done_seq = ctx.store.txn_version(GOLD_EXPORTED, app) or 0
         if out_seq > done_seq:
             resent = deliver(out_seq, record)
@@ -248,9 +289,9 @@ def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:
             return
         cached: list[DataFrame] = []
         if prev is None:
-            # The first export (or the first since the lake kept its progress): all of gold.
-            gold = ctx.store.read(GOLD_PROPERTY_VALUES).persist()
-            cached.append(gold)
+            # The first export (or the first since the lake kept its progress): all of gold. Not
+            # cached: the newest event time reads one column, the batch reads gold once.
+            gold = ctx.store.read(GOLD_PROPERTY_VALUES)
             newest = newest_event(gold, None)
             exported = ctx.store.read(GOLD_EXPORTED)
         else:
@@ -299,25 +340,24 @@ def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:
         seq = out_seq + 1
         sendable = batch.where("NOT _gated AND NOT _dropped").drop("_gated", "_dropped")
         to_send = quality.gate(ctx, record, EXPORT_DATASET, sendable, AppTxn(app, seq))
-        rows = to_send.transform(outbox_rows(seq, version, newest, bounds.through)).persist()
-        cached.append(rows)
-        n_rows = rows.count()
+        # A view of the cached batch, not cached again: its figures in one pass over the cache.
+        rows = to_send.transform(outbox_rows(seq, version, newest, bounds.through))
+        figures = batch_figures(rows)
         record.add(gated=gated, top_values_dropped=dropped)
         if bounds.closed_before is not None:
             record.add(watermark_epoch_s=bounds.closed_before.timestamp())
-        if n_rows == 0:
+        try:
+            if figures.rows == 0:
+                record.noop("no closed window has counts to export" + (f" ({gated:,} gated)" if gated else ""))
+                return
+            for df in cached:  # the batch's rows are all it needs from here on
+                if df is not batch:
+                    df.unpersist()
+            outbox_version = ctx.store.append(EXPORT_OUTBOX, rows, [AppTxn(files_app, seq)])
+            sent = deliver(seq, record, written=(rows, figures, outbox_version))
+        finally:
             for df in cached:
                 df.unpersist()
-            record.noop("no closed window has counts to export" + (f" ({gated:,} gated)" if gated else ""))
-            return
-        ctx.store.append(EXPORT_OUTBOX, rows, [AppTxn(app, seq)])
-        for df in cached:
-            if df is not rows:
-                df.unpersist()
-        try:
-            sent = deliver(seq, record, written=rows)
-        finally:
-            rows.unpersist()
         record.rows_in = record.rows_out = sent
         ctx.say(
             f"export: batch {seq}: {sent:,} rows to ClickHouse {clickhouse.PROPERTY_VALUES_TABLE} "
@@ -328,5 +368,7 @@ def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:
     return run_job(ctx, "export.clickhouse", body)
 
 
-def _token(seq: int, chunk: int) -> str:
-    return f"medallion:{GOLD_PROPERTY_VALUES.key}:batch{seq}:c{chunk}"
+def _token(seq: int, chunk: int, order: str) -> str:
+    """The insert token of chunk ``chunk`` of batch ``seq``; ``order`` tells how the batch was cut:
+    ``c`` sorted by key (batches written before ``f``), ``f`` in the order of the outbox's files."""
+    return f"medallion:{GOLD_PROPERTY_VALUES.key}:batch{seq}:{order}{chunk}"

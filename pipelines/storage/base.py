@@ -205,6 +205,25 @@ class TableStore(ABC):
         """``df``'s rows as Arrow batches in the driver, one batch at a time (for driver-side sinks)."""
         return self.files.staged(df)
 
+    def stream_added(
+        self, spec: TableSpec, version: int, columns: Sequence[str]
+    ) -> AbstractContextManager[pa.RecordBatchReader]:
+        """The rows commit ``version`` added, as Arrow batches in the driver, always in the same
+        order (its files by path, each file's rows in order), with no Spark job: for a
+        driver-side sink that must cut the same rows into the same chunks on a retry."""
+        return self.files.added(self.path(spec), version, columns)
+
+    def commit_of(self, spec: TableSpec, txn: AppTxn) -> int:
+        """The version whose commit recorded ``txn``, searched from the newest back (for a retry
+        of the table's latest work, so a few commits at most)."""
+        latest = self.version(spec)
+        for version in range(-1 if latest is None else latest, -1, -1):
+            ((_, actions),) = self.files.commits(self.path(spec), version, version)
+            for a in actions:
+                if a.get("txn", {}).get("appId") == txn.app_id and a["txn"].get("version") == txn.version:
+                    return version
+        raise StorageError(f"no commit of {spec.key} records {txn.app_id} at {txn.version}")
+
     # -- helpers shared by engines -----------------------------------------------------------
     def to_arrow(self, spec: TableSpec, data: Data) -> pa.Table:
         """Data conformed to the table's Arrow schema (column order and types)."""

@@ -16,8 +16,8 @@ from pipelines.eventlog import PIPELINE_EVENTS
 from pipelines.runner import Context
 from pipelines.settings import load_settings
 from pipelines.sinks import clickhouse
-from pipelines.storage import TableSpec, TableStore, open_store
-from pipelines.tables import GOLD_EXPORTED, GOLD_PARTIALS, GOLD_PROPERTY_VALUES
+from pipelines.storage import AppTxn, TableSpec, TableStore, open_store
+from pipelines.tables import EXPORT_OUTBOX, GOLD_EXPORTED, GOLD_PARTIALS, GOLD_PROPERTY_VALUES
 from tests.helpers import delta_rs_only  # noqa: F401  (the engine fixture: delta-rs here)
 
 pytestmark = pytest.mark.integration
@@ -146,22 +146,42 @@ class Crash(Exception):
     pass
 
 
-def crash_on(monkeypatch: pytest.MonkeyPatch, target: Any, name: str, when: Callable[..., bool], after: bool) -> None:
-    real = getattr(target, name)
+def crash_on(
+    monkeypatch: pytest.MonkeyPatch, target: Any, name: str | tuple[str, ...], when: Callable[..., bool], after: bool
+) -> None:
+    """Crash once at the first call of any of the methods ``name`` for which ``when`` holds."""
+    names = (name,) if isinstance(name, str) else name
+    reals = {n: getattr(target, n) for n in names}
 
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        if when(*args, **kwargs):
-            if after:
-                real(*args, **kwargs)
-            monkeypatch.setattr(target, name, real)  # crash once
-            raise Crash(f"killed {'after' if after else 'before'} {name}")
-        return real(*args, **kwargs)
+    def wrapper(real: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            if when(*args, **kwargs):
+                if after:
+                    real(*args, **kwargs)
+                for n, r in reals.items():  # crash once
+                    monkeypatch.setattr(target, n, r)
+                raise Crash(f"killed {'after' if after else 'before'} {real.__name__}")
+            return real(*args, **kwargs)
 
-    monkeypatch.setattr(target, name, wrapped)
+        return wrapped
+
+    for n, real in reals.items():
+        monkeypatch.setattr(target, n, wrapper(real))
 
 
 def is_spec(spec: TableSpec) -> Callable[..., bool]:
     return lambda self, s, *a, **k: s == spec
+
+
+def records_batch(first_time: bool) -> Callable[..., bool]:
+    """A write of the export state: of the tuples exported for the first time (``#new``), or the
+    commit that records the batch as exported."""
+
+    def when(self: Any, spec: TableSpec, *args: Any, **kwargs: Any) -> bool:
+        txns = kwargs.get("txns", args[1] if len(args) > 1 else ())
+        return spec == GOLD_EXPORTED and any(t.app_id.endswith("#new") == first_time for t in txns)
+
+    return when
 
 
 Patch = Callable[[pytest.MonkeyPatch, type[TableStore]], None]
@@ -176,9 +196,16 @@ Patch = Callable[[pytest.MonkeyPatch, type[TableStore]], None]
         ),
         (
             "between the insert and its Delta record",
-            lambda m, store: crash_on(m, store, "merge", is_spec(GOLD_EXPORTED), False),
+            lambda m, store: crash_on(m, store, ("append", "merge"), is_spec(GOLD_EXPORTED), False),
         ),
-        ("after the Delta record", lambda m, store: crash_on(m, store, "merge", is_spec(GOLD_EXPORTED), True)),
+        (
+            "between the first-time tuples and the batch's record",
+            lambda m, store: crash_on(m, store, "append", records_batch(first_time=True), True),
+        ),
+        (
+            "after the Delta record",
+            lambda m, store: crash_on(m, store, ("append", "merge"), records_batch(first_time=False), True),
+        ),
         (
             "in the merger before its commit",
             lambda m, store: crash_on(m, store, "merge", is_spec(GOLD_PROPERTY_VALUES), False),
@@ -203,6 +230,112 @@ def test_a_crash_then_a_rerun_leaves_clickhouse_as_a_clean_run(
         pipeline(ctx, files)
     pipeline(ctx, files)  # the rerun: every step picks up where the crash left it
     assert clickhouse_state(ctx) == expected, what
+    assert clickhouse_state(ctx)[0] == gold_state(ctx)
+
+
+@pytest.mark.parametrize(
+    ("what", "patch"),
+    [
+        (
+            "before the first-time tuples",
+            lambda m, store: crash_on(m, store, "append", records_batch(first_time=True), False),
+        ),
+        (
+            "between the first-time tuples and the corrections",
+            lambda m, store: crash_on(m, store, "append", records_batch(first_time=True), True),
+        ),
+        (
+            "in the corrections' merge before its commit",
+            lambda m, store: crash_on(m, store, "merge", records_batch(first_time=False), False),
+        ),
+        (
+            "after the corrections' merge",
+            lambda m, store: crash_on(m, store, "merge", records_batch(first_time=False), True),
+        ),
+    ],
+)
+def test_a_crash_in_an_export_with_corrections_then_a_rerun_leaves_clickhouse_as_a_clean_run(
+    spark: SparkSession, engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str, patch: Patch
+) -> None:
+    # Round 1 exports every window (a drain) with Firefox and plan=free; round 2 brings late
+    # events into the same windows: plan=free again (corrections of exported tuples) and Chrome
+    # (tuples of those windows exported for the first time).
+    first = write(tmp_path / "first.jsonl", STREAM[::2])
+    late = write(tmp_path / "late.jsonl", STREAM[1::2])
+    clean = make_ctx(spark, tmp_path / "clean", engine)
+    pipeline(clean, [first])
+    pipeline(clean, [late])
+    expected = clickhouse_state(clean)
+    log = clean.store.read(PIPELINE_EVENTS).where("job = 'export.clickhouse' AND status = 'ok'")
+    assert [r["metrics"]["late_corrections"] for r in log.orderBy("started_at").collect()] == [0.0, 6.0]
+
+    ctx = make_ctx(spark, tmp_path / "crashy", engine)
+    pipeline(ctx, [first])
+    patch(monkeypatch, type(ctx.store))
+    with pytest.raises(Crash):
+        pipeline(ctx, [late])
+    pipeline(ctx, [late])  # the rerun finishes the batch the crash left
+    assert clickhouse_state(ctx) == expected, what
+    assert clickhouse_state(ctx)[0] == gold_state(ctx)
+    exported = {
+        (r["property_key"], r["property_value"], r["window_start"]): r["exported_count"]
+        for r in ctx.store.read(GOLD_EXPORTED).collect()
+    }
+    # Each window: 5 events of round 1, 5 late ones (30 s windows, an event every 3 s).
+    windows = sorted({w for _, _, w in exported})
+    assert len(windows) == 6 and len(exported) == 18, what
+    assert all(exported[("plan", "free", w)] == 10 for w in windows)
+    assert all(exported[("browser", "Firefox", w)] == 5 and exported[("browser", "Chrome", w)] == 5 for w in windows)
+
+
+@pytest.mark.parametrize("written_before_files", [False, True], ids=["file order", "a batch sorted by key"])
+def test_a_crash_part_way_through_the_chunks_then_a_rerun_sends_each_row_once(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, written_before_files: bool
+) -> None:
+    # Chunks of 4 rows: the crash comes after two chunks have reached ClickHouse, and the rerun
+    # must cut the batch into the same chunks (ClickHouse drops those two by their tokens). A
+    # batch in the outbox from before the export sent in file order (recorded under the plain
+    # app id) is resent sorted by key, as it was first sent.
+    files = [write(tmp_path / f"pod-{p}.jsonl", STREAM[p::2]) for p in range(2)]
+    clean = make_ctx(spark, tmp_path / "clean")
+    clean.settings.clickhouse.insert_chunk_rows = 4
+    pipeline(clean, files)
+    expected = clickhouse_state(clean)
+
+    ctx = make_ctx(spark, tmp_path / "crashy")
+    ctx.settings.clickhouse.insert_chunk_rows = 4
+    store_type = type(ctx.store)
+    if written_before_files:
+        real_append = store_type.append
+
+        def as_before(self: TableStore, spec: TableSpec, data: Any, txns: Any = (), **kw: Any) -> int:
+            if spec == EXPORT_OUTBOX:
+                txns = [AppTxn(t.app_id.removesuffix("#files"), t.version) for t in txns]
+            return real_append(self, spec, data, txns, **kw)
+
+        monkeypatch.setattr(store_type, "append", as_before)
+    inserts: list[str] = []
+    real_insert = clickhouse.insert
+    # A batch from before is one whose outbox record this run wrote as before, then stopped
+    # ahead of any insert: the next run resends it as the earlier version sent it.
+    allowed = [0, 2] if written_before_files else [2]
+
+    def insert(client: Any, table: str, data: Any, token: str, database: str = "default") -> None:
+        if len(inserts) == allowed[0]:
+            allowed.pop(0)
+            if not allowed:
+                monkeypatch.setattr(clickhouse, "insert", real_insert)
+            raise Crash(f"killed after {len(inserts)} chunks")
+        inserts.append(token)
+        real_insert(client, table, data, token, database)
+
+    monkeypatch.setattr(clickhouse, "insert", insert)
+    for _ in allowed[:]:
+        with pytest.raises(Crash):
+            pipeline(ctx, files)
+    assert [t.rsplit(":", 1)[1] for t in inserts] == (["c0", "c1"] if written_before_files else ["f0", "f1"])
+    pipeline(ctx, files)
+    assert clickhouse_state(ctx) == expected
     assert clickhouse_state(ctx)[0] == gold_state(ctx)
 
 

@@ -122,6 +122,26 @@ def test_a_commit_records_as_many_app_transactions_as_the_engine_allows(store: T
     assertDataFrameEqual(store.read(SPEC), rows(spark, []))
 
 
+def test_the_rows_a_commit_added_stream_in_the_same_order_every_time(store: TableStore, spark: SparkSession) -> None:
+    store.ensure(SPEC)
+    store.append(SPEC, rows(spark, [("a", 1, 1, T0)]), txns=[AppTxn("app", 1)])
+    many = [(f"k{i}", i % 3, i, T0) for i in range(40)]
+    v2 = store.append(SPEC, rows(spark, many).repartition(4), txns=[AppTxn("app", 2)])
+    store.append(SPEC, rows(spark, [("z", 1, 1, T0)]), txns=[AppTxn("other", 7)])
+
+    def streamed() -> list[tuple]:
+        with store.stream_added(SPEC, v2, ["k", "n"]) as reader:
+            table = reader.read_all()
+        return list(zip(table["k"].to_pylist(), table["n"].to_pylist(), strict=True))
+
+    first = streamed()
+    assert sorted(first, key=lambda r: r[1]) == [(k, n) for k, _, n, _ in many]  # that commit's rows, no others
+    assert streamed() == first  # and in the same order again
+    assert (store.commit_of(SPEC, AppTxn("app", 2)), store.commit_of(SPEC, AppTxn("app", 1))) == (v2, v2 - 1)
+    with pytest.raises(StorageError):
+        store.commit_of(SPEC, AppTxn("app", 3))
+
+
 def test_merge_updates_matches_with_expressions_and_inserts_the_rest(store: TableStore, spark: SparkSession) -> None:
     store.ensure(SPEC)
     store.append(SPEC, rows(spark, [("a", 1, 10, T0), ("b", 1, 20, T0)]))
