@@ -17,17 +17,21 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.fs as pafs
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from bronze.events import BRONZE_EVENTS_COLUMNS, parse_events
 from bronze.landing import LANDING_COLUMNS, RAW, VALUE, quarantined, valid
-from gold.export import EXPORTED_SCHEMA, export_batch
+from gold.export import EXPORT_COLUMNS, EXPORTED_SCHEMA, export_batch, last_seen
 from gold.metric_windows import close_windows, finish, raw_rows
 from gold.property_values import fan_out, merge_source, partials
 from pipelines import jobs
 from pipelines.bench.measure import Figure, timed, warm_up_first
 from pipelines.runner import Context
+from pipelines.sinks import clickhouse
 from pipelines.storage import TableSpec
 from pipelines.tables import (
     BRONZE_EVENTS,
@@ -105,12 +109,25 @@ def gold(ctx: Context, events: DataFrame, write: Write) -> None:
 
 
 def export(ctx: Context, gold_rows: DataFrame, write: Write) -> None:
-    # The stage drains (every window closed) against nothing exported before; Parquet stands in
-    # for ClickHouse.
+    # The stage drains (every window closed) against nothing exported before. The rows to send
+    # are written as Parquet, then loaded into ClickHouse (a database of the peer's own) as the
+    # stage sends them, in Arrow batches of the insert chunk size: the same delivery, without the
+    # outbox, the send order and tokens, or the exported state.
     g = ctx.settings.gold
     exported = ctx.spark.createDataFrame([], EXPORTED_SCHEMA)
     batch = gold_rows.transform(export_batch(exported, g.window, None, g.min_export_count))
-    write(GOLD_EXPORTED.key, batch.where("NOT _gated AND NOT _dropped").drop("_gated", "_dropped"))
+    sendable = batch.where("NOT _gated AND NOT _dropped").select(*EXPORT_COLUMNS, last_seen(g.window))
+    sent = write(GOLD_EXPORTED.key, sendable)
+    database = f"{ctx.settings.clickhouse.database}_plain"
+    with clickhouse.connect(ctx.settings) as client:
+        clickhouse.ensure_property_values(client, database)
+        table = f"{database}.{clickhouse.PROPERTY_VALUES_TABLE}"
+        client.command(f"TRUNCATE TABLE {table}")  # each run loads into an empty table, as the stage's does
+        files = [pafs.FileSystem.from_uri(uri) for uri in sent.inputFiles()]
+        if files:
+            dataset = pads.dataset([path for _, path in files], filesystem=files[0][0], format="parquet")
+            for rows in dataset.to_batches(batch_size=ctx.settings.clickhouse.insert_chunk_rows):
+                client.insert_arrow(table, pa.Table.from_batches([rows]))
 
 
 def metric_windows(ctx: Context, samples: DataFrame, write: Write) -> None:
