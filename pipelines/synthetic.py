@@ -24,6 +24,7 @@ import json
 import random
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -874,15 +875,23 @@ def write_jsonl_batches(
     """
     if batches < 1:
         raise ValueError("batches must be >= 1")
+    directory.mkdir(parents=True, exist_ok=True)
+    if interleave:  # record i to file i % batches: written as the records come, none kept
+        files = [directory / f"{prefix}-{b:03d}.jsonl" for b in range(batches)]
+        with ExitStack() as stack:
+            # Bytes, not text mode, so no platform newline translation can change the output.
+            outs = [stack.enter_context(path.open("wb")) for path in files]
+            for i, r in enumerate(records):
+                outs[i % batches].write(json.dumps(r, separators=(",", ":"), ensure_ascii=False).encode() + b"\n")
+        return files
     # Split sizes need the total; serialized lines are far smaller than the dicts they come from.
     lines = [json.dumps(r, separators=(",", ":"), ensure_ascii=False) for r in records]
-    directory.mkdir(parents=True, exist_ok=True)
     size, extra = divmod(len(lines), batches)
     paths: list[Path] = []
     start = 0
     for b in range(batches):
         end = start + size + (1 if b < extra else 0)
-        chunk = lines[b::batches] if interleave else lines[start:end]
+        chunk = lines[start:end]
         path = directory / f"{prefix}-{b:03d}.jsonl"
         # Bytes, not text mode, so no platform newline translation can change the output.
         path.write_bytes("".join(f"{line}\n" for line in chunk).encode("utf-8"))

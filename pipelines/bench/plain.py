@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -32,6 +34,7 @@ from pipelines import jobs
 from pipelines.bench.measure import Figure, timed, warm_up_first
 from pipelines.runner import Context
 from pipelines.sinks import clickhouse
+from pipelines.sources.files import LandingFile, file_digests, landing_rows
 from pipelines.storage import TableSpec
 from pipelines.tables import (
     BRONZE_EVENTS,
@@ -88,6 +91,25 @@ def land_events(ctx: Context, rows: DataFrame, write: Write) -> None:
     write(BRONZE_EVENTS.key, valid(parsed, BRONZE_EVENTS_COLUMNS))
     write(BRONZE_QUARANTINE.key, quarantined(parsed, "events"))
     parsed.unpersist()
+
+
+def land_event_files(ctx: Context, files: DataFrame, write: Write) -> None:
+    """The files the stage landed, read and split into records as the stage reads them, then
+    landed. ``files`` is a row per file (its path, Spark's URI and its digest), found before the
+    timing: which files to land is the stage's bookkeeping, reading them is its work."""
+    listed = [LandingFile(Path(r["path"]), r["uri"], r["digest"]) for r in files.collect()]  # a row per file
+    land_events(ctx, landing_rows(ctx.spark, listed, datetime.now(UTC)), write)
+
+
+def files_source(paths: Sequence[Path]) -> Source:
+    """The files a stage lands, as a row per file; the peer reads their content itself."""
+
+    def read(ctx: Context) -> DataFrame:
+        found = file_digests(ctx.spark, list(paths))
+        rows = [(str(f.path), f.uri, f.digest) for f in found]
+        return ctx.spark.createDataFrame(rows, "path string, uri string, digest string")
+
+    return read
 
 
 def page_changes(ctx: Context, bronze: DataFrame, write: Write) -> None:
@@ -184,13 +206,20 @@ def _folder(stage: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", stage.lower()).strip("-")
 
 
-def measure(b: Bench, ctx: Context, stages: Iterable[str]) -> None:
-    """Time the plain-Spark peer of each of ``stages``, over the input ``ctx``'s lake holds."""
+#: Stages that land files: their peers read the same files (``measure``'s ``files``).
+FILE_PEERS: dict[str, Peer] = {"files -> bronze (events)": Peer(table(BRONZE_EVENTS), land_event_files, BRONZE_EVENTS)}
+
+
+def measure(b: Bench, ctx: Context, stages: Iterable[str], files: dict[str, Sequence[Path]] | None = None) -> None:
+    """Time the plain-Spark peer of each of ``stages``, over the input ``ctx``'s lake holds, or
+    for a stage named in ``files``, over those files, read as the stage read them."""
     for stage in stages:
         ours = b.figures.get(stage)
         if ours is None or not ours.units:
             continue  # the stage was skipped: nothing to compare with
         peer = PEERS[stage]
+        if files and stage in files:
+            peer = replace(FILE_PEERS[stage], source=files_source(files[stage]))
         root = b.out / "work" / "plain" / _folder(stage)
         source, output = str(root / "input"), str(root / "output")
         peer.source(ctx).write.mode("overwrite").parquet(source)

@@ -80,7 +80,7 @@ def markdown(result: dict[str, Any]) -> str:
     if result.get("fixed_costs"):
         lines += [
             "",
-            "## Per-run fixed costs (session up, lake of a chain run)",
+            f"## Per-run fixed costs (session up, lake of a chain run at {result['size']})",
             "",
             "| job | no-op run, s (min-max) | 1-event run, s (min-max) |",
             "|---|---:|---:|",
@@ -91,36 +91,79 @@ def markdown(result: dict[str, Any]) -> str:
                 f"| {r['stage']} | {n['median']:.2f} ({n['min']:.2f}-{n['max']:.2f}) "
                 f"| {o['median']:.2f} ({o['min']:.2f}-{o['max']:.2f}) |"
             )
-    lines += ["", "## Records per event: single-stage vs two-stage", ""]
-    lines += ["| pods | single-stage records/event | two-stage records/event |", "|---:|---:|---:|"]
-    for r in result["reduction"]:
-        lines.append(f"| {r['pods']} | {r['single_stage_per_event']:.3f} | {r['two_stage_per_event']:.3f} |")
-    lines += ["", "## Page changes pruned by dedup, per window", "", "| window (min) | tumbling | staggered |"]
-    lines.append("|---:|---:|---:|")
-    by_window: dict[float, dict[str, float]] = {}
-    for d in result["dedup"]:
-        by_window.setdefault(d["window_minutes"], {})[d["mode"]] = d["pruned_percent"]
-    for win, modes in sorted(by_window.items()):
-        lines.append(f"| {win:g} | {modes.get('tumbling', 0):.2f}% | {modes.get('staggered', 0):.2f}% |")
-    lines += ["", "## Scaling: seconds per stage", ""]
-    sizes = result["scaling"]["sizes"]
-    stage_names = list(next(iter(result["scaling"]["seconds"].values())).keys())
-    lines.append("| stage | " + " | ".join(f"{n} ({sizes[n]:,} events)" for n in sizes) + " |")
-    lines.append("|---|" + "---:|" * len(sizes))
-    for st in stage_names:
-        lines.append(f"| {st} | " + " | ".join(_n(result["scaling"]["seconds"][n].get(st)) for n in sizes) + " |")
-    lines += [
-        "",
-        "## Page-change buffer as input arrives",
-        "",
-        "| input events | buffered events | open windows | state rows |",
-    ]
-    lines.append("|---:|---:|---:|---:|")
-    for r in result["buffer"]:
-        lines.append(
-            f"| {r['input_events']:,} | {r['buffered_events']:,} | {r['open_windows']:,} | {r['state_rows']:,} |"
-        )
+    if result.get("fixed_costs_small"):
+        big = {r["stage"]: r for r in result["fixed_costs"]}
+        lines += [
+            "",
+            f"## Per-run fixed costs on an S lake and on an {result['size']} lake (medians, s)",
+            "",
+            f"| job | no-op at S | no-op at {result['size']} | 1 event at S | 1 event at {result['size']} "
+            f"| 1 event, {result['size']} / S |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for small in result["fixed_costs_small"]:
+            at_size = big.get(small["stage"])
+            if at_size is None:
+                continue
+            one, one_big = small["one_event"]["median"], at_size["one_event"]["median"]
+            lines.append(
+                f"| {small['stage']} | {small['noop']['median']:.2f} | {at_size['noop']['median']:.2f} "
+                f"| {one:.2f} | {one_big:.2f} | {_n(one_big / one if one else None)}x |"
+            )
+    if result.get("reduction"):
+        lines += ["", "## Records per event: single-stage vs two-stage", ""]
+        lines += ["| pods | single-stage records/event | two-stage records/event |", "|---:|---:|---:|"]
+        for r in result["reduction"]:
+            lines.append(f"| {r['pods']} | {r['single_stage_per_event']:.3f} | {r['two_stage_per_event']:.3f} |")
+    if result.get("dedup"):
+        lines += ["", "## Page changes pruned by dedup, per window", "", "| window (min) | tumbling | staggered |"]
+        lines.append("|---:|---:|---:|")
+        by_window: dict[float, dict[str, float]] = {}
+        for d in result["dedup"]:
+            by_window.setdefault(d["window_minutes"], {})[d["mode"]] = d["pruned_percent"]
+        for win, modes in sorted(by_window.items()):
+            lines.append(f"| {win:g} | {modes.get('tumbling', 0):.2f}% | {modes.get('staggered', 0):.2f}% |")
+    lines += scaling_tables(result["scaling"])
+    if result.get("buffer"):
+        lines += [
+            "",
+            "## Page-change buffer as input arrives",
+            "",
+            "| input events | buffered events | open windows | state rows |",
+        ]
+        lines.append("|---:|---:|---:|---:|")
+        for r in result["buffer"]:
+            lines.append(
+                f"| {r['input_events']:,} | {r['buffered_events']:,} | {r['open_windows']:,} | {r['state_rows']:,} |"
+            )
     return "\n".join(lines) + "\n"
+
+
+def scaling_tables(scaling: dict[str, Any]) -> list[str]:
+    """Seconds, events/s and peak memory (driver / JVM) per stage at each size."""
+    sizes = scaling["sizes"]
+    seconds = scaling["seconds"]
+    rss = scaling.get("peak_rss_mb", {})
+    stage_names = list(next(iter(seconds.values())).keys())
+    head = "| stage | " + " | ".join(f"{n} ({sizes[n]:,} events)" for n in sizes) + " |"
+    rule = "|---|" + "---:|" * len(sizes)
+    lines = ["", "## Scaling: seconds per stage", "", head, rule]
+    for st in stage_names:
+        lines.append(f"| {st} | " + " | ".join(_n(seconds[n].get(st)) for n in sizes) + " |")
+    lines += ["", "## Scaling: events per second along the event path (the size's events over the stage's time)"]
+    lines += ["", head, rule]
+    for st in scaling.get("event_path", []):
+        rates = [sizes[n] / seconds[n][st] if seconds[n].get(st) else None for n in sizes]
+        lines.append(f"| {st} | " + " | ".join(_n(r) for r in rates) + " |")
+    if rss:
+        lines += ["", "## Scaling: peak RSS MB per stage (driver / JVM)", "", head, rule]
+        for st in stage_names:
+            cells = []
+            for n in sizes:
+                mem = rss.get(n, {}).get(st) or {}
+                cells.append(f"{_n(mem.get('driver'))} / {_n(mem.get('jvm'))}")
+            lines.append(f"| {st} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def ratios(ax: Any, result: dict[str, Any]) -> None:
@@ -162,23 +205,24 @@ def charts(result: dict[str, Any], out: Path) -> list[Path]:
     ax.invert_yaxis()
     ratios(fig.add_subplot(grid[1, :]), result)
     ax = fig.add_subplot(grid[2, 0])
-    pods = [str(r["pods"]) for r in result["reduction"]]
+    reduction = result.get("reduction", [])
+    pods = [str(r["pods"]) for r in reduction]
     x = range(len(pods))
-    ax.bar([i - 0.2 for i in x], [r["single_stage_per_event"] for r in result["reduction"]], 0.4, label="single-stage")
-    ax.bar([i + 0.2 for i in x], [r["two_stage_per_event"] for r in result["reduction"]], 0.4, label="two-stage")
+    ax.bar([i - 0.2 for i in x], [r["single_stage_per_event"] for r in reduction], 0.4, label="single-stage")
+    ax.bar([i + 0.2 for i in x], [r["two_stage_per_event"] for r in reduction], 0.4, label="two-stage")
     ax.set_xticks(list(x), [f"{p} pods" for p in pods])
     ax.set_title("records written per event")
     ax.legend()
     ax = fig.add_subplot(grid[2, 1])
     for mode in ("tumbling", "staggered"):
-        pts = sorted((d["window_minutes"], d["pruned_percent"]) for d in result["dedup"] if d["mode"] == mode)
+        pts = sorted((d["window_minutes"], d["pruned_percent"]) for d in result.get("dedup", []) if d["mode"] == mode)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=mode)
     ax.set_xlabel("window (minutes)")
     ax.set_ylabel("% of page changes pruned")
     ax.set_title("dedup by window length")
     ax.legend()
     ax = fig.add_subplot(grid[2, 2])
-    buf = result["buffer"]
+    buf = result.get("buffer", [])
     ax.plot([r["input_events"] for r in buf], [r["buffered_events"] for r in buf], marker="o", label="buffered events")
     ax.plot([r["input_events"] for r in buf], [r["state_rows"] for r in buf], marker="o", label="state rows")
     ax.set_xlabel("page changes received")

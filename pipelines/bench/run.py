@@ -90,12 +90,17 @@ class Bench:
 
 # -- the pipeline chain ---------------------------------------------------------------------------
 def chain(
-    b: Bench, w: Workload, record: bool, scale_into: dict[str, float] | None = None, gates: bool = True
+    b: Bench,
+    w: Workload,
+    record: bool,
+    scale_into: dict[str, float] | None = None,
+    gates: bool = True,
+    rss_into: dict[str, dict[str, float]] | None = None,
 ) -> Context:
     """Files -> bronze -> silver -> gold -> ClickHouse once, timing each stage into ``b.figures``.
 
     ``gates=False`` runs the same chain with the quality gates off, recorded as each stage's
-    ``gates off`` peer.
+    ``gates off`` peer. ``scale_into`` and ``rss_into`` get each stage's seconds and peak memory.
     """
     ctx = b.context(f"chain-{w.size.name}", quality=gates)
     sink = b.figures if record else {}
@@ -114,9 +119,12 @@ def chain(
         with timed(f, units):
             fn()
         stages[stage] = f.seconds[-1]
+        if rss_into is not None:
+            rss_into[stage] = dict(f.peak_rss_mb)
 
-    n_events = len(w.events)
-    run("files -> bronze (events)", "events", n_events, lambda: jobs.ingest_files(ctx, "events", w.event_files(8)))
+    n_events = w.n_events
+    files = w.event_files(8)  # written on first use: not part of the timing
+    run("files -> bronze (events)", "events", n_events, lambda: jobs.ingest_files(ctx, "events", files))
     jobs.ingest_files(ctx, "page_changes", w.page_change_files)
     n_changes = ctx.store.read(BRONZE_PAGE_CHANGES).count()
     run("silver page changes", "events", n_changes, lambda: jobs.silver_page_changes(ctx, drain=True))
@@ -575,7 +583,7 @@ def reduction(b: Bench, w: Workload) -> list[dict[str, Any]]:
         jobs.gold_merge(ctx)
         partial_rows = ctx.store.read(GOLD_PARTIALS).count()
         gold_rows = ctx.store.read(GOLD_PROPERTY_VALUES).count()
-        n = len(w.events)
+        n = w.n_events
         out.append(
             {
                 "pods": pods,
@@ -635,7 +643,7 @@ def fixed_costs(b: Bench, ctx: Context, w: Workload) -> list[dict[str, Any]]:
 
     for attempt in range(b.repeats + 1):
         each_step(attempt > 0, "noop", False, noop)
-        event = {**w.events[attempt % len(w.events)], "uuid": str(uuid.uuid4())}
+        event = {**w.first_events[attempt % len(w.first_events)], "uuid": str(uuid.uuid4())}
         path = folder / f"one-{attempt}.jsonl"
         path.write_text(json.dumps(event, default=str) + "\n")
         jobs.ingest_files(ctx, "events", [path])
@@ -680,12 +688,20 @@ def buffer_growth(b: Bench, w: Workload) -> list[dict[str, Any]]:
 
 
 # -- entry point ----------------------------------------------------------------------------------
+#: Scaling figures leave these out: peers, and stages that do not run at every size.
+NOT_SCALED = ("peer", plain.PREFIX, GATES_OFF, "remote", "Kafka", "end", "samples")
+
+
 def run_bench(
     size_name: str, out: Path, spark: SparkSession, repeats: int = 3, say: Callable[[str], None] = print
 ) -> dict[str, Any]:
+    """The whole bench at S and M. L measures what it is for, scale: the chain (gates on, no
+    warm-up at L: an S chain warms the JVM), its memory, the per-run fixed costs on its lake, and
+    the S and M chains beside it; the peers, Kafka, remote write and the rest are M's business."""
     from pipelines.bench import report
 
     size = SIZES[size_name]
+    full = size.name != "L"
     out = out.resolve()  # a relative folder would read as host/database in the chdb:// DSN
     out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(out / "work", ignore_errors=True)
@@ -693,48 +709,63 @@ def run_bench(
     t0 = time.perf_counter()
     say(f"bench {size.name}: generating workloads")
     workloads = {
-        s.name: generate(s, out / "work" / f"data-{s.name}") for s in SIZES.values() if s.events <= size.events
+        s.name: generate(s, out / "work" / f"data-{s.name}", remote_write=full and s.name == size.name)
+        for s in SIZES.values()
+        if s.events <= size.events
     }
     w = workloads[size.name]
 
-    say(f"pipeline chain: 1 warm-up + {repeats} runs, each with the quality gates on, then off")
-    ctx = chain(b, w, record=False)
+    if full:
+        say(f"pipeline chain: 1 warm-up + {repeats} runs, each with the quality gates on, then off")
+        ctx = chain(b, w, record=False)
+    else:
+        say(f"pipeline chain: an S chain to warm up, then {repeats} run(s) at {size.name} with the quality gates on")
+        chain(b, workloads["S"], record=False)
     for i in range(repeats):
         ctx = chain(b, w, record=True)
-        chain(b, w, record=True, gates=False)
+        if full:
+            chain(b, w, record=True, gates=False)
         say(f"  run {i + 1}/{repeats} done")
-    say("peers: ClickHouse fan-out, Spark dedup, plain Spark")
-    clickhouse_peer(b, ctx)
-    spark_dedup_peer(b, ctx)
-    plain.measure(b, ctx, CHAIN_STAGES)
-    plain.sum_of(b, END_TO_END, EVENT_PATH)
-    say("Kafka -> bronze")
-    kafka_stage(b, w)
-    say("remote write")
-    remote_write_stage(b, w)
-    remote_write_processes_stage(b, w)
-    say("metric panes: tumbling vs sliding")
-    metric_panes_stage(b, w)
+    if full:
+        say("peers: ClickHouse fan-out, Spark dedup, plain Spark")
+        clickhouse_peer(b, ctx)
+        spark_dedup_peer(b, ctx)
+        plain.measure(b, ctx, CHAIN_STAGES, files={"files -> bronze (events)": w.event_files(8)})
+        plain.sum_of(b, END_TO_END, EVENT_PATH)
+        say("Kafka -> bronze")
+        kafka_stage(b, w)
+        say("remote write")
+        remote_write_stage(b, w)
+        remote_write_processes_stage(b, w)
+        say("metric panes: tumbling vs sliding")
+        metric_panes_stage(b, w)
     say("per-run fixed costs: no-op and 1-event runs")
     b.extra["fixed_costs"] = fixed_costs(b, ctx, w)
-    say("reduction by pods, dedup by window, buffer growth")
-    b.extra["reduction"] = reduction(b, w)
-    b.extra["dedup"] = dedup_by_window(ctx)
-    b.extra["buffer"] = buffer_growth(b, w)
+    if full:
+        say("reduction by pods, dedup by window, buffer growth")
+        b.extra["reduction"] = reduction(b, w)
+        b.extra["dedup"] = dedup_by_window(ctx)
+        b.extra["buffer"] = buffer_growth(b, w)
     say("scaling")
     scaling: dict[str, dict[str, float]] = {}
+    rss: dict[str, dict[str, dict[str, float]]] = {}
     for name, sw in workloads.items():
         if name == size.name:
-            scaling[name] = {
-                s: f.as_dict()["median_seconds"]
-                for s, f in b.figures.items()
-                if not s.startswith(("peer", plain.PREFIX, GATES_OFF, "remote", "Kafka", "end", "samples"))
-            }
+            scaled = [f for s, f in b.figures.items() if not s.startswith(NOT_SCALED)]
+            scaling[name] = {f.stage: f.as_dict()["median_seconds"] for f in scaled}
+            rss[name] = {f.stage: dict(f.peak_rss_mb) for f in scaled}
         else:
-            stages: dict[str, float] = {}
-            chain(b, sw, record=False, scale_into=stages)
-            scaling[name] = stages
-    b.extra["scaling"] = {"sizes": {n: SIZES[n].events for n in scaling}, "seconds": scaling}
+            scaling[name], rss[name] = {}, {}
+            small = chain(b, sw, record=False, scale_into=scaling[name], rss_into=rss[name])
+            if not full and name == "S":
+                say("per-run fixed costs on the S lake, beside L's")
+                b.extra["fixed_costs_small"] = fixed_costs(b, small, sw)
+    b.extra["scaling"] = {
+        "sizes": {n: SIZES[n].events for n in scaling},
+        "seconds": scaling,
+        "peak_rss_mb": rss,
+        "event_path": list(EVENT_PATH),
+    }
     result = {
         "size": size.name,
         "workload": {
@@ -743,7 +774,7 @@ def run_bench(
             "page_changes_landed": ctx.store.read(BRONZE_PAGE_CHANGES).count(),
             "remote_write_samples": w.samples,
             "remote_write_requests": len(w.remote_write_bodies),
-            "kafka_messages": size.kafka_messages,
+            "kafka_messages": size.kafka_messages if full else 0,
         },
         "repeats": repeats,
         "machine": report.machine(spark),

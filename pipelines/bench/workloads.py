@@ -7,6 +7,7 @@ server would send them (snappy, a few samples per series per request).
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import uuid
@@ -45,11 +46,20 @@ SERIES_PER_REQUEST = 500
 SAMPLES_PER_REQUEST_SERIES = 4  # samples of one series in one request, as Prometheus batches them
 
 
+#: Events kept in memory for the one-event runs; the rest are generated again as files are written.
+FIRST_EVENTS = 8
+
+
 @dataclass
 class Workload:
+    """A size's input. The events are not held (2,000,000 at L would be gigabytes in the bench's
+    own process, which is the driver whose memory it reports): the seeded generator writes them
+    out again for each file layout asked for."""
+
     size: Size
     root: Path
-    events: list[dict]
+    n_events: int
+    first_events: list[dict]
     page_change_files: list[Path]
     remote_write_bodies: list[bytes]
     samples: int
@@ -60,7 +70,7 @@ class Workload:
         existing = sorted(folder.glob("*.jsonl"))
         if len(existing) == pods:
             return existing
-        return write_jsonl_batches(self.events, folder, "events", pods, interleave=True)
+        return write_jsonl_batches(generate_events(events_spec(self.size)), folder, "events", pods, interleave=True)
 
 
 #: The two message sizes the Kafka stage is measured at.
@@ -129,10 +139,12 @@ def remote_write_bodies(size: Size, seed: int = 11) -> tuple[list[bytes], int]:
     return bodies, samples
 
 
-def generate(size: Size, root: Path) -> Workload:
+def generate(size: Size, root: Path, remote_write: bool = True) -> Workload:
+    """The size's workload; ``remote_write=False`` leaves the remote-write bodies out (runs that
+    measure only the event path)."""
     root.mkdir(parents=True, exist_ok=True)
-    events = list(generate_events(events_spec(size)))
-    changes = list(generate_page_changes(page_changes_spec(size)))
+    first = list(itertools.islice(generate_events(events_spec(size)), FIRST_EVENTS))
+    changes = generate_page_changes(page_changes_spec(size))
     page_files = write_jsonl_batches(changes, root / "page-changes", "page-changes", 10)
-    bodies, samples = remote_write_bodies(size)
-    return Workload(size, root, events, page_files, bodies, samples)
+    bodies, samples = remote_write_bodies(size) if remote_write else ([], 0)
+    return Workload(size, root, size.events, first, page_files, bodies, samples)
