@@ -845,6 +845,16 @@ def _cell(v: Any) -> str:
     metavar="MINUTES",
     help="Instead: one Kafka ingest process at full speed for MINUTES, its memory sampled (soak.md, soak.png).",
 )
+@click.option(
+    "--freshness",
+    "freshness_rates",
+    metavar="RATE[,RATE...]",
+    help="Instead: events/s to Kafka beside ingest kafka and run all, each for --minutes; "
+    "lag to ClickHouse (freshness.md, freshness.png).",
+)
+@click.option(
+    "--minutes", type=click.FloatRange(1, 60), default=5.0, show_default=True, help="Minutes per --freshness rate."
+)
 @click.pass_obj
 def bench(
     state: State,
@@ -852,16 +862,32 @@ def bench(
     out_dir: Path | None,
     repeats: int | None,
     soak_minutes: float | None,
+    freshness_rates: str | None,
+    minutes: float,
 ) -> None:
     """Benchmark every stage on seeded synthetic data, with peers, reduction and scaling figures.
 
     Writes bench.md, bench.json, bench.png and scaling.png. S takes about five minutes on 2 cores
-    (and runs in CI); M about thirty. L (2,000,000 events)
+    (and runs in CI); M about forty-five, freshness under load included. L (2,000,000 events)
     measures scale only: the event path's chain, its memory and its fixed costs beside S and M.
     """
     from pipelines.bench.run import run_bench
     from pipelines.spark import build_spark
 
+    if freshness_rates is not None:
+        from pipelines.bench.freshness import run_freshness
+
+        try:
+            rates = [int(r) for r in freshness_rates.split(",") if r.strip()]
+        except ValueError:
+            rates = []
+        if not rates or min(rates) < 1:
+            raise click.BadParameter("give positive whole events/s, e.g. 1000,5000", param_hint="--freshness")
+        out = out_dir or Path("bench-results") / "freshness"
+        run_freshness(out, rates, minutes, say=say_step)
+        console.print((out / "freshness.md").read_text())
+        say_step(f"freshness done: {out}/freshness.md, freshness.json, freshness.png")
+        return
     if soak_minutes is not None:
         from pipelines.bench.soak import run_soak
 

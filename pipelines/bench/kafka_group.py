@@ -24,6 +24,8 @@ from pipelines.tables import BRONZE_EVENTS, BRONZE_QUARANTINE
 PARTITIONS = 4
 #: Messages per flush: small enough that a window holds many flushes of every member.
 BATCH = 5_000
+#: The ``medallion`` command, run by this Python.
+MEDALLION = [sys.executable, "-c", "from pipelines.cli import main; main()"]
 
 
 class IngestGroup:
@@ -36,21 +38,26 @@ class IngestGroup:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.produced = 0
 
-    def start(self) -> None:
-        env = {
+    def env(self) -> dict[str, str]:
+        """The environment of a ``medallion`` process on this group's lake and topic."""
+        return {
             **os.environ,
             "MEDALLION_LAKE_ROOT": str(self.settings.lake_root),
             "MEDALLION_KAFKA__BOOTSTRAP_SERVERS": json.dumps([self.bootstrap]),
             "MEDALLION_KAFKA__GROUP_ID": f"group-{self.topic}",
             "MEDALLION_KAFKA__TOPICS__EVENTS": self.topic,
-            "MEDALLION_SPARK__MASTER": "local[1]",
         }
+
+    def start(self, options: list[str] | None = None) -> None:
+        """Start the processes, each Spark on one core; ``options`` replace the bench's flush
+        options (``--max-batch 5000 --max-wait 1``), so ``[]`` runs with the CLI's defaults."""
+        env = {**self.env(), "MEDALLION_SPARK__MASTER": "local[1]"}
         self.logs.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-c", "from pipelines.cli import main; main()", "ingest", "kafka"]
+        flush = ["--max-batch", str(BATCH), "--max-wait", "1"] if options is None else options
         for i in range(self.count):
             with open(self.logs / f"ingest-{i}.log", "wb") as log:
-                options = ["--topics", self.topic, "--max-batch", str(BATCH), "--max-wait", "1"]
-                self.procs.append(subprocess.Popen([*command, *options], env=env, stderr=log))
+                argv = [*MEDALLION, "ingest", "kafka", "--topics", self.topic, *flush]
+                self.procs.append(subprocess.Popen(argv, env=env, stderr=log))
 
     def steady_rate(self) -> tuple[float, int]:
         """Messages/s while every member was landing, and how many messages that window held.

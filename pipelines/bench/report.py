@@ -110,6 +110,10 @@ def markdown(result: dict[str, Any]) -> str:
                 f"| {small['stage']} | {small['noop']['median']:.2f} | {at_size['noop']['median']:.2f} "
                 f"| {one:.2f} | {one_big:.2f} | {_n(one_big / one if one else None)}x |"
             )
+    if result.get("freshness"):
+        from pipelines.bench.freshness import markdown as freshness_markdown
+
+        lines += ["", freshness_markdown(result["freshness"]).rstrip()]
     if result.get("reduction"):
         lines += ["", "## Records per event: single-stage vs two-stage", ""]
         lines += ["| pods | single-stage records/event | two-stage records/event |", "|---:|---:|---:|"]

@@ -24,6 +24,7 @@ from pyspark.sql import SparkSession
 
 from pipelines import jobs
 from pipelines.bench import plain
+from pipelines.bench.freshness import run_freshness
 from pipelines.bench.measure import Figure, as_dicts, timed, warm_up_first
 from pipelines.bench.workloads import KAFKA_MESSAGE_KINDS, PODS, SIZES, Size, Workload, generate, kafka_messages
 from pipelines.runner import Context, startup_heap_frozen
@@ -739,6 +740,9 @@ def run_bench(
         remote_write_processes_stage(b, w)
         say("metric panes: tumbling vs sliding")
         metric_panes_stage(b, w)
+        if size.name != "S":  # minutes per rate: not in the S run CI makes
+            say("freshness under load: Kafka at fixed rates beside ingest kafka and run all")
+            b.extra["freshness"] = run_freshness(out, say=say)
     say("per-run fixed costs: no-op and 1-event runs")
     b.extra["fixed_costs"] = fixed_costs(b, ctx, w)
     if full:
