@@ -427,6 +427,11 @@ def run_freshness(
             continue
         say(f"freshness: {rate:,} events/s for {minutes:g} min beside ingest kafka and run all")
         results.append(run_rate(rate, minutes, out / "work", say))
+        r = results[-1]
+        say(
+            f"freshness {rate:,}/s: p50 {_s(r['p50_s'])} s, p99 {_s(r['p99_s'])} s (goal {_s(r['goal_p99_s'])}), "
+            f"{r['missing_events']:,} not arrived, {'held' if r['held'] else 'not held'}"
+        )
     held = [r["rate"] for r in results if r["held"]]
     result = {"minutes": minutes, "rates": results, "highest_rate_held": max(held) if held else None}
     (out / "freshness.json").write_text(json.dumps(result, indent=2))
@@ -474,7 +479,9 @@ def chart(result: dict[str, Any], path: Path) -> None:
     for r in result["rates"]:
         rows = r["per_minute"]
         minute = [m["minute"] for m in rows]
-        (line,) = ax.plot(minute, [m["p99_s"] for m in rows], marker="o", label=f"{r['rate']:,}/s p99")
+        # The lags of events that never arrived are not in the points: the legend says how many.
+        lost = f", {r['missing_events']:,} never arrived" if r["missing_events"] else ""
+        (line,) = ax.plot(minute, [m["p99_s"] for m in rows], marker="o", label=f"{r['rate']:,}/s p99{lost}")
         ax.plot(
             minute,
             [m["p50_s"] for m in rows],
@@ -485,6 +492,7 @@ def chart(result: dict[str, Any], path: Path) -> None:
     if result["rates"]:
         ax.axhline(result["rates"][0]["goal_p99_s"], color="grey", linestyle="--", label="goal (p99)")
     ax.set_xlabel("minute the events were produced in")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_ylabel("lag to ClickHouse, s")
     ax.set_ylim(bottom=0)
     ax.legend(loc="upper left", fontsize="small")
