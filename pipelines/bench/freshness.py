@@ -474,6 +474,7 @@ def chart(result: dict[str, Any], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for r in result["rates"]:
@@ -492,7 +493,7 @@ def chart(result: dict[str, Any], path: Path) -> None:
     if result["rates"]:
         ax.axhline(result["rates"][0]["goal_p99_s"], color="grey", linestyle="--", label="goal (p99)")
     ax.set_xlabel("minute the events were produced in")
-    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("lag to ClickHouse, s")
     ax.set_ylim(bottom=0)
     ax.legend(loc="upper left", fontsize="small")

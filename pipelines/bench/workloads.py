@@ -145,6 +145,9 @@ def generate(size: Size, root: Path, remote_write: bool = True) -> Workload:
     root.mkdir(parents=True, exist_ok=True)
     first = list(itertools.islice(generate_events(events_spec(size)), FIRST_EVENTS))
     changes = generate_page_changes(page_changes_spec(size))
-    page_files = write_jsonl_batches(changes, root / "page-changes", "page-changes", 10)
+    # Ten files at S and M, a hundred at L: about 13 MB each, as the chain's event files are (the
+    # landing splits a file into records in one task: ten 130 MB files ran it out of a 4 GB heap).
+    files = 10 * max(1, size.events // 200_000)
+    page_files = write_jsonl_batches(changes, root / "page-changes", "page-changes", files)
     bodies, samples = remote_write_bodies(size) if remote_write else ([], 0)
     return Workload(size, root, size.events, first, page_files, bodies, samples)
