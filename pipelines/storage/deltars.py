@@ -14,6 +14,7 @@ commit as the rows.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -39,6 +40,10 @@ from pipelines.storage.base import (
     TxnSnapshot,
 )
 from pipelines.storage.parquet_files import DataFile, scan, with_file_columns
+
+#: A MERGE source of at most this many rows is handed to delta-rs whole (a few MB in the driver),
+#: so that it prunes the target by the source's values; a larger one is streamed.
+SMALL_MERGE_SOURCE_ROWS = 100_000
 
 # delta-rs resolves non-conflicting concurrent commits itself; these are its retries.
 MAX_COMMIT_RETRIES = 15
@@ -176,9 +181,21 @@ class DeltaRsStore(TableStore):
         if isinstance(source, pa.Table):
             return self._merge(spec, source, on, update, insert, txns, update_when)
         # The source (an aggregated batch) reaches delta-rs as a stream of Arrow batches staged
-        # by Spark, so the driver holds one batch at a time, never the whole.
+        # by Spark, so the driver holds one batch at a time, never the whole. A small source is
+        # held whole instead: delta-rs then derives a pruning predicate from its values (which
+        # buckets, which windows) and reads only the target files they can match, where a stream
+        # makes it read every file of the table.
         with self.stream(source) as reader:
-            return self._merge(spec, reader, on, update, insert, txns, update_when)
+            head: list[pa.RecordBatch] = []
+            rows = 0
+            for batch in reader:
+                head.append(batch)
+                rows += batch.num_rows
+                if rows > SMALL_MERGE_SOURCE_ROWS:
+                    rest = pa.RecordBatchReader.from_batches(reader.schema, itertools.chain(head, reader))
+                    return self._merge(spec, rest, on, update, insert, txns, update_when)
+            whole = pa.Table.from_batches(head, schema=reader.schema)
+            return self._merge(spec, whole, on, update, insert, txns, update_when)
 
     def _merge(
         self,
@@ -195,6 +212,8 @@ class DeltaRsStore(TableStore):
             predicate=on,
             source_alias="s",
             target_alias="t",
+            # A table in memory is merged with the pruning its values allow; a stream as a stream.
+            streamed_exec=not isinstance(source, pa.Table),
             commit_properties=_commit_properties(txns, "merge"),
         )
         merger = (
