@@ -28,7 +28,6 @@ minute is within one window plus one run interval of the first minute's.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import threading
@@ -163,6 +162,13 @@ class Arrivals:
         self.exported_at.update(new)
         self._read_through = max(new)
 
+    def totals(self) -> dict[float, int]:
+        """Window start -> events brought to ClickHouse, over every batch."""
+        out: dict[float, int] = {}
+        for (_, start), n in self.added.items():
+            out[start] = out.get(start, 0) + n
+        return out
+
     def per_window(self) -> dict[float, list[tuple[float, int]]]:
         """Window start -> (arrival time, events added) in batch order."""
         out: dict[float, list[tuple[float, int]]] = {}
@@ -171,15 +177,24 @@ class Arrivals:
         return out
 
 
+def by_window(ticks: list[tuple[float, int]], window: float) -> dict[float, list[tuple[float, int]]]:
+    """Window start -> its (produce time, events) ticks, in time order."""
+    out: dict[float, list[tuple[float, int]]] = {}
+    for t, n in sorted(ticks):
+        out.setdefault(t // window * window, []).append((t, n))
+    return out
+
+
+def produced_per_window(ticks: list[tuple[float, int]], window: float) -> dict[float, int]:
+    return {start: sum(n for _, n in group) for start, group in by_window(ticks, window).items()}
+
+
 def lags(
     produced: list[tuple[float, int]], arrivals: dict[float, list[tuple[float, int]]], window: float
 ) -> Iterator[tuple[float, float | None, int]]:
     """Each produced tick's events matched in order to their window's arrivals: yields
     (produce time, lag seconds or None if not arrived, events)."""
-    by_window: dict[float, list[tuple[float, int]]] = {}
-    for t, n in sorted(produced):
-        by_window.setdefault(t // window * window, []).append((t, n))
-    for start, ticks in by_window.items():
+    for start, ticks in by_window(produced, window).items():
         times = [at for at, _ in arrivals.get(start, [])]
         counts = [n for _, n in arrivals.get(start, [])]
         i = 0
@@ -255,6 +270,7 @@ def summarize(
 def pipeline(env: dict[str, str], logs: Path, interval: float | None) -> Iterator[subprocess.Popen[bytes]]:
     """``medallion run all`` as production runs it, stopped (SIGTERM, then kill) when done."""
     from pipelines.bench.kafka_group import MEDALLION
+    from pipelines.bench.measure import stop_processes
 
     options = [] if interval is None else ["--interval", str(interval)]
     with open(logs / "run-all.log", "wb") as log:
@@ -262,17 +278,13 @@ def pipeline(env: dict[str, str], logs: Path, interval: float | None) -> Iterato
     try:
         yield proc
     finally:
-        stop_process(proc)
+        stop_processes([proc], timeout=180)
 
 
-def stop_process(proc: subprocess.Popen[bytes], timeout: float = 180) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def check_running(procs: dict[str, subprocess.Popen[bytes]], logs: Path) -> None:
+    for name, proc in procs.items():
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}; see {logs}")
 
 
 def clickhouse_counts(env: dict[str, str]) -> dict[float, int]:
@@ -340,9 +352,7 @@ def run_rate(
                     arrivals.refresh()
                     if produced.measured_until < float("inf") and all_arrived(produced, arrivals, window):
                         break
-                    for name, proc in (("run all", run_all), ("ingest kafka", group.procs[0])):
-                        if proc.poll() is not None:
-                            raise RuntimeError(f"{name} exited with {proc.returncode}; see {logs}")
+                    check_running({"run all": run_all, "ingest kafka": group.procs[0]}, logs)
                     if available_mb() < MIN_AVAILABLE_MB:
                         say(f"freshness {rate:,}/s: stopped, under {MIN_AVAILABLE_MB:,} MB available")
                         break
@@ -373,34 +383,22 @@ def wait_started(group: Any, run_all: subprocess.Popen[bytes], logs: Path, boots
         send(topic, b'{"not": "an event"}', 0)  # lands in the quarantine
     deadline = time.monotonic() + 300
     while group.landed() < 1 or b"export.counters:" not in (logs / "run-all.log").read_bytes():
-        for name, proc in (("run all", run_all), ("ingest kafka", group.procs[0])):
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with {proc.returncode} while starting; see {logs}")
+        check_running({"run all": run_all, "ingest kafka": group.procs[0]}, logs)
         if time.monotonic() > deadline:
             raise RuntimeError(f"the pipeline did not start in 300 s; see {logs}")
         time.sleep(0.5)
 
 
 def all_arrived(produced: Produced, arrivals: Arrivals, window: float) -> bool:
-    wanted: dict[float, int] = {}
-    for t, n in produced.measured:
-        start = t // window * window
-        wanted[start] = wanted.get(start, 0) + n
-    got: dict[float, int] = {}
-    for (_, start), n in arrivals.added.items():
-        got[start] = got.get(start, 0) + n
-    return all(got.get(w, 0) >= n for w, n in wanted.items())
+    got = arrivals.totals()
+    return all(got.get(w, 0) >= n for w, n in produced_per_window(produced.measured, window).items())
 
 
 def clickhouse_check(produced: Produced, arrivals: Arrivals, in_clickhouse: dict[float, int], window: float) -> bool:
     """ClickHouse holds, for every window the outbox sent, what the outbox says it sent; and for
     every fully measured window that arrived, as many events as were produced in it."""
-    sent: dict[float, int] = {}
-    for (_, start), n in arrivals.added.items():
-        sent[start] = sent.get(start, 0) + n
-    produced_in: dict[float, int] = {}
-    for t, n in produced.ticks:
-        produced_in[t // window * window] = produced_in.get(t // window * window, 0) + n
+    sent = arrivals.totals()
+    produced_in = produced_per_window(produced.ticks, window)
     inner = [w for w in sent if produced.start <= w and w + window <= produced.measured_until]
     return all(in_clickhouse.get(w) == n for w, n in sent.items()) and all(sent[w] == produced_in.get(w) for w in inner)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from pipelines.bench.measure import stop_processes
 from pipelines.tables import BRONZE_EVENTS, BRONZE_QUARANTINE
 
 PARTITIONS = 4
@@ -105,15 +105,7 @@ class IngestGroup:
         self.produced += len(messages)
 
     def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(self.procs, timeout=120)
         failed = [p.returncode for p in self.procs if p.returncode]
         if failed:
             raise RuntimeError(f"ingest processes exited with {failed}; see {self.logs}")

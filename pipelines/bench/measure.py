@@ -6,7 +6,9 @@ Memory is sampled from ``/proc`` (resident set size) every 50 ms while a stage r
 
 from __future__ import annotations
 
+import signal
 import statistics
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -92,6 +94,20 @@ def children(pid: int) -> list[int]:
     except OSError:
         return []
     return [int(p) for p in text.split()]
+
+
+def stop_processes(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
+    """SIGTERM every process still running (each finishes the step under way), then wait for
+    them all, killing one that outlives ``timeout``."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def process_name(pid: int) -> str:

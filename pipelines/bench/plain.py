@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -97,7 +97,8 @@ def land_event_files(ctx: Context, files: DataFrame, write: Write) -> None:
     """The files the stage landed, read and split into records as the stage reads them, then
     landed. ``files`` is a row per file (its path, Spark's URI and its digest), found before the
     timing: which files to land is the stage's bookkeeping, reading them is its work."""
-    listed = [LandingFile(Path(r["path"]), r["uri"], r["digest"]) for r in files.collect()]  # a row per file
+    # A row per file (path, URI, digest): the list of files, not their rows.
+    listed = [LandingFile(Path(r["path"]), r["uri"], r["digest"]) for r in files.collect()]
     land_events(ctx, landing_rows(ctx.spark, listed, datetime.now(UTC)), write)
 
 
@@ -206,8 +207,10 @@ def _folder(stage: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", stage.lower()).strip("-")
 
 
-#: Stages that land files: their peers read the same files (``measure``'s ``files``).
-FILE_PEERS: dict[str, Peer] = {"files -> bronze (events)": Peer(table(BRONZE_EVENTS), land_event_files, BRONZE_EVENTS)}
+#: Stages that land files -> their peer over given files, which it reads as the stage does.
+FILE_PEERS: dict[str, Callable[[Sequence[Path]], Peer]] = {
+    "files -> bronze (events)": lambda paths: Peer(files_source(paths), land_event_files, BRONZE_EVENTS)
+}
 
 
 def measure(b: Bench, ctx: Context, stages: Iterable[str], files: dict[str, Sequence[Path]] | None = None) -> None:
@@ -217,9 +220,7 @@ def measure(b: Bench, ctx: Context, stages: Iterable[str], files: dict[str, Sequ
         ours = b.figures.get(stage)
         if ours is None or not ours.units:
             continue  # the stage was skipped: nothing to compare with
-        peer = PEERS[stage]
-        if files and stage in files:
-            peer = replace(FILE_PEERS[stage], source=files_source(files[stage]))
+        peer = FILE_PEERS[stage](files[stage]) if files and stage in files else PEERS[stage]
         root = b.out / "work" / "plain" / _folder(stage)
         source, output = str(root / "input"), str(root / "output")
         peer.source(ctx).write.mode("overwrite").parquet(source)

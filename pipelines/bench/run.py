@@ -90,16 +90,6 @@ class Bench:
 
 
 # -- the pipeline chain ---------------------------------------------------------------------------
-#: The chain lands the events as files of at most this many events, 8 pods' worth at a time: 8
-#: files at S and M, 80 at L. (One file per pod at L, 250,000 events or 125 MB each, ran the
-#: landing out of a 4 GB heap: it splits each file into records in one task.)
-EVENTS_PER_FILE = 25_000
-
-
-def chain_files(w: Workload) -> int:
-    return 8 * max(1, -(-w.n_events // (8 * EVENTS_PER_FILE)))
-
-
 def chain(
     b: Bench,
     w: Workload,
@@ -134,7 +124,7 @@ def chain(
             rss_into[stage] = dict(f.peak_rss_mb)
 
     n_events = w.n_events
-    files = w.event_files(chain_files(w))  # written on first use: not part of the timing
+    files = w.chain_files()  # written on first use: not part of the timing
     run("files -> bronze (events)", "events", n_events, lambda: jobs.ingest_files(ctx, "events", files))
     jobs.ingest_files(ctx, "page_changes", w.page_change_files)
     n_changes = ctx.store.read(BRONZE_PAGE_CHANGES).count()
@@ -741,7 +731,7 @@ def run_bench(
         say("peers: ClickHouse fan-out, Spark dedup, plain Spark")
         clickhouse_peer(b, ctx)
         spark_dedup_peer(b, ctx)
-        plain.measure(b, ctx, CHAIN_STAGES, files={"files -> bronze (events)": w.event_files(chain_files(w))})
+        plain.measure(b, ctx, CHAIN_STAGES, files={"files -> bronze (events)": w.chain_files()})
         plain.sum_of(b, END_TO_END, EVENT_PATH)
         say("Kafka -> bronze")
         kafka_stage(b, w)

@@ -33,6 +33,13 @@ class Size:
     samples_per_series: int
     kafka_messages: int
 
+    @property
+    def rounds(self) -> int:
+        """Files are written in rounds of 200,000 events' worth (8 event files, 10 page-change
+        files), so a file holds about 13 MB at every size. The landing splits a file into records
+        in one task: L's 2,000,000 events as 8 files of 125 MB ran it out of a 4 GB heap."""
+        return -(-self.events // 200_000)
+
 
 SIZES = {
     "S": Size("S", events=20_000, page_changes=6_000, series=2_000, samples_per_series=20, kafka_messages=10_000),
@@ -63,6 +70,10 @@ class Workload:
     page_change_files: list[Path]
     remote_write_bodies: list[bytes]
     samples: int
+
+    def chain_files(self) -> list[Path]:
+        """The events as the chain lands them: 8 pods' files per round (``Size.rounds``)."""
+        return self.event_files(8 * self.size.rounds)
 
     def event_files(self, pods: int) -> list[Path]:
         """The events as ``pods`` interleaved files: each pod's flush covers the whole time span."""
@@ -145,9 +156,6 @@ def generate(size: Size, root: Path, remote_write: bool = True) -> Workload:
     root.mkdir(parents=True, exist_ok=True)
     first = list(itertools.islice(generate_events(events_spec(size)), FIRST_EVENTS))
     changes = generate_page_changes(page_changes_spec(size))
-    # Ten files at S and M, a hundred at L: about 13 MB each, as the chain's event files are (the
-    # landing splits a file into records in one task: ten 130 MB files ran it out of a 4 GB heap).
-    files = 10 * max(1, size.events // 200_000)
-    page_files = write_jsonl_batches(changes, root / "page-changes", "page-changes", files)
+    page_files = write_jsonl_batches(changes, root / "page-changes", "page-changes", 10 * size.rounds)
     bodies, samples = remote_write_bodies(size) if remote_write else ([], 0)
     return Workload(size, root, size.events, first, page_files, bodies, samples)
