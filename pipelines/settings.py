@@ -12,7 +12,7 @@ import re
 import tomllib
 import warnings
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,6 +22,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from pydantic_settings import SettingsError as _PydanticSettingsError
 
 from pipelines.errors import SettingsError
+from pipelines.sources.remote_write import Limits as RemoteWriteLimits
 from silver.config import (
     AggregationSettings,
     ConfigError,
@@ -167,16 +168,69 @@ class RemoteWriteSettings(_Section):
     )
     wal_dir: Path | None = Field(default=None, description="write-ahead log folder (default <lake_root>/_wal)")
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, description="larger bodies get 413")
-    max_decoded_bytes: int = Field(default=128 * 1024 * 1024, ge=1024, description="decompressed size limit")
+    max_decoded_bytes: int = Field(
+        default=32 * 1024 * 1024, ge=1024, description="decompressed size limit (413), decided before decoding"
+    )
+    max_series_per_request: int = Field(default=100_000, ge=1, description="more series in one request get 413")
+    max_samples_per_request: int = Field(default=1_000_000, ge=1, description="more samples in one request get 413")
+    max_labels_per_series: int = Field(default=30, ge=1, description="a series with more labels gets its request 413")
+    max_label_name_bytes: int = Field(default=256, ge=1, description="a longer label name gets its request 413")
+    max_label_value_bytes: int = Field(default=4096, ge=1, description="a longer label value gets its request 413")
+    min_sample_time: datetime = Field(
+        default=datetime(1970, 1, 1, tzinfo=UTC), description="an earlier sample gets its request 400"
+    )
+    max_sample_time: datetime = Field(
+        default=datetime(2262, 4, 11, 23, 47, 16, 854000, tzinfo=UTC),
+        description="a later sample gets its request 400 (the default is the last instant int64 nanoseconds hold)",
+    )
     max_pending_bytes: int = Field(
         default=256 * 1024 * 1024, ge=1024, description="WAL bytes not yet in Delta before 429"
     )
-    workers: int = Field(default=8, ge=1, le=256, description="requests handled at once (per process)")
+    workers: int = Field(default=8, ge=1, le=256, description="threads decoding and logging requests (per process)")
+    max_in_flight: int = Field(
+        default=32, ge=1, le=4096, description="requests read or decoded at once (per process); more wait their turn"
+    )
+    idle_timeout: Duration = Field(
+        default=timedelta(seconds=60),
+        description="close a connection whose next request head is not in this long after it opened or was answered",
+    )
+    body_timeout: Duration = Field(
+        default=timedelta(seconds=30), description="a body not received in full this long after its head gets 408"
+    )
     processes: int = Field(
         default=1, ge=1, le=64, description="receiver processes sharing the port (SO_REUSEPORT), each with its own log"
     )
     flush_interval: Duration = timedelta(seconds=1)
     flush_max_rows: int = Field(default=500_000, ge=1)
+
+    @field_validator("idle_timeout", "body_timeout")
+    @classmethod
+    def _positive(cls, v: timedelta) -> timedelta:
+        if v <= timedelta(0):
+            raise ValueError("must be positive")
+        return v
+
+    @field_validator("min_sample_time", "max_sample_time")
+    @classmethod
+    def _in_range(cls, v: datetime) -> datetime:
+        v = v if v.tzinfo else v.replace(tzinfo=UTC)
+        if not datetime(1970, 1, 1, tzinfo=UTC) <= v <= datetime(2262, 4, 11, 23, 47, 16, 854000, tzinfo=UTC):
+            raise ValueError("must lie within 1970-01-01 .. 2262-04-11T23:47:16.854Z")
+        return v
+
+    def limits(self) -> RemoteWriteLimits:
+        """What one request may hold, for the codec."""
+        epoch = datetime(1970, 1, 1, tzinfo=UTC)
+        return RemoteWriteLimits(
+            max_decoded_bytes=self.max_decoded_bytes,
+            max_series=self.max_series_per_request,
+            max_samples=self.max_samples_per_request,
+            max_labels_per_series=self.max_labels_per_series,
+            max_label_name_bytes=self.max_label_name_bytes,
+            max_label_value_bytes=self.max_label_value_bytes,
+            min_timestamp_ms=(self.min_sample_time - epoch) // timedelta(milliseconds=1),
+            max_timestamp_ms=(self.max_sample_time - epoch) // timedelta(milliseconds=1),
+        )
 
 
 class QualitySettings(_Section):

@@ -316,9 +316,12 @@ def remote_write_stage(b: Bench, w: Workload) -> None:
         """Reads each body and answers 204: the HTTP server and the senders, nothing else."""
 
         metrics = Metrics()
+        settings = RemoteWriteSettings()
 
-        def handle_write(self, query: Any, headers: Any, read_body: Callable[[int], bytes]) -> Response:
-            read_body(int(headers["Content-Length"]))
+        def preflight(self, query: Any, headers: Any) -> Response | None:
+            return None
+
+        def accept(self, body: bytes, headers: Any) -> Response:
             return Response(204)
 
         def flush_loop(self, stop: Any) -> None:

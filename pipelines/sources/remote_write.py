@@ -28,6 +28,7 @@ import cramjam
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from google.protobuf import descriptor_pb2, descriptor_pool
 
 from pipelines.sources import remote_write_pb2 as pb
 
@@ -36,10 +37,14 @@ __all__ = [
     "SNAPPY",
     "ZSTD",
     "BodyTooLarge",
+    "Limits",
+    "OutOfRange",
     "RemoteWriteError",
     "Series",
     "UndecodableBody",
     "UnsupportedEncoding",
+    "check_shape",
+    "check_values",
     "decode",
     "decompress",
     "encode",
@@ -70,6 +75,40 @@ class BodyTooLarge(RemoteWriteError):
 
 class UndecodableBody(RemoteWriteError):
     status = 400
+
+
+class OutOfRange(RemoteWriteError):
+    """A sample whose timestamp lies outside :attr:`Limits.min_timestamp_ms` .. ``max_timestamp_ms``."""
+
+    status = 400
+
+
+#: The latest instant a microsecond (and a nanosecond) timestamp in int64 holds:
+#: 2262-04-11T23:47:16.854Z, in milliseconds. Multiplying a later millisecond value by 1,000 could
+#: still fit in int64, but nanosecond readers (pandas, Arrow's default) could not hold it.
+MAX_TIMESTAMP_MS = (2**63 - 1) // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one request may hold; anything over a limit is refused whole, never truncated.
+
+    The defaults are VictoriaMetrics' where it has one (``-maxInsertRequestSize``,
+    ``-maxLabelsPerTimeseries``, ``-maxLabelNameLen``, ``-maxLabelValueLen``); Prometheus' receiver
+    sets none. Series and samples per request have no default in either: 100,000 series and
+    1,000,000 samples are 10x and 100x what vmagent (``-remoteWrite.maxRowsPerBlock``) and
+    Prometheus (``max_samples_per_send``) send by default. Timestamps default to 1970-01-01 ..
+    2262-04-11, the range a nanosecond timestamp holds.
+    """
+
+    max_decoded_bytes: int = 32 * 1024 * 1024
+    max_series: int = 100_000
+    max_samples: int = 1_000_000
+    max_labels_per_series: int = 30
+    max_label_name_bytes: int = 256
+    max_label_value_bytes: int = 4096
+    min_timestamp_ms: int = 0
+    max_timestamp_ms: int = MAX_TIMESTAMP_MS
 
 
 #: A decoded request, one row per series: its labels, sorted by name (labels sharing a name keep
@@ -149,9 +188,85 @@ def parse_write_request(raw: bytes) -> pa.Table:
     )
 
 
-def decode(body: bytes, encoding: str | None, max_decoded_bytes: int) -> pa.Table:
-    """Decompress and parse a remote-write body; the only exceptions are :class:`RemoteWriteError`."""
-    return parse_write_request(decompress(body, encoding, max_decoded_bytes))
+def decode(body: bytes, encoding: str | None, max_decoded_bytes: int, limits: Limits | None = None) -> pa.Table:
+    """Decompress and parse a remote-write body; the only exceptions are :class:`RemoteWriteError`.
+
+    With ``limits``, the request's shape is checked before it is parsed (:func:`check_shape`: no
+    parse allocates for more series, labels or samples than the limits allow) and its labels and
+    timestamps after (:func:`check_values`).
+    """
+    raw = decompress(body, encoding, max_decoded_bytes)
+    if limits is None:
+        return parse_write_request(raw)
+    check_shape(raw, limits)
+    series = parse_write_request(raw)
+    check_values(series, limits)
+    return series
+
+
+# Every series, label and sample of a WriteRequest starts with a tag byte of 0x0a (field 1, length
+# delimited: a series, a label, a label's name) or 0x12 (field 2: a sample, a label's value), so
+# these bytes bound how many entries a body can make the parser allocate. Under this bound a body
+# is parsed straight away (ordinary requests hold a few thousand); over it, its shape is counted
+# first, which costs about 12 bytes per entry instead of the full parse's 45.
+_SHAPE_CHECK_ABOVE_ENTRIES = 200_000
+
+
+def check_shape(raw: bytes, limits: Limits) -> None:
+    """Refuse (413) an uncompressed request with more series, samples, or labels per series than
+    ``limits`` allow, without parsing it into memory first."""
+    if raw.count(b"\x0a") + raw.count(b"\x12") <= _SHAPE_CHECK_ABOVE_ENTRIES:
+        return
+    try:
+        batch = _shape_handler().list_to_record_batch([raw])
+    except BaseException as exc:  # as in parse_write_request
+        if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
+            raise
+        raise UndecodableBody(f"body is not a prometheus.WriteRequest: {exc}") from exc
+    series = batch.column(0).flatten()
+    if len(series) > limits.max_series:
+        raise BodyTooLarge(f"request holds {len(series)} series; the limit is {limits.max_series}")
+    samples = pc.sum(pc.list_value_length(series.field("samples"))).as_py() or 0
+    if samples > limits.max_samples:
+        raise BodyTooLarge(f"request holds {samples} samples; the limit is {limits.max_samples}")
+    most = pc.max(pc.list_value_length(series.field("labels"))).as_py() or 0
+    if most > limits.max_labels_per_series:
+        raise BodyTooLarge(f"a series has {most} labels; the limit is {limits.max_labels_per_series}")
+
+
+def check_values(series: pa.Table, limits: Limits) -> None:
+    """Refuse a parsed request (:data:`SERIES_SCHEMA`) whose labels exceed ``limits`` (413) or whose
+    timestamps fall outside them (400, naming the range)."""
+    if len(series) > limits.max_series:
+        raise BodyTooLarge(f"request holds {len(series)} series; the limit is {limits.max_series}")
+    labels = series.column("labels").combine_chunks()
+    most = pc.max(pc.list_value_length(labels)).as_py() or 0
+    if most > limits.max_labels_per_series:
+        raise BodyTooLarge(f"a series has {most} labels; the limit is {limits.max_labels_per_series}")
+    names, values = labels.flatten().flatten()
+    for what, strings, limit in (
+        ("name", names, limits.max_label_name_bytes),
+        ("value", values, limits.max_label_value_bytes),
+    ):
+        longest = pc.max(pc.binary_length(strings)).as_py() or 0
+        if longest > limit:
+            raise BodyTooLarge(f"a label {what} is {longest} bytes long; the limit is {limit} bytes")
+    timestamps = series.column("timestamps_ms").combine_chunks().flatten()
+    if len(timestamps) > limits.max_samples:
+        raise BodyTooLarge(f"request holds {len(timestamps)} samples; the limit is {limits.max_samples}")
+    if len(timestamps):
+        low, high = (v.as_py() for v in pc.min_max(timestamps).values())
+        if low < limits.min_timestamp_ms or high > limits.max_timestamp_ms:
+            bad = low if low < limits.min_timestamp_ms else high
+            raise OutOfRange(
+                f"sample timestamp {bad} ms is outside the accepted range {limits.min_timestamp_ms} .. "
+                f"{limits.max_timestamp_ms} ms ({_iso(limits.min_timestamp_ms)} .. {_iso(limits.max_timestamp_ms)})"
+            )
+
+
+def _iso(ms: int) -> str:
+    seconds, millis = divmod(ms, 1000)
+    return f"{np.datetime64(seconds, 's')}.{millis:03d}Z"
 
 
 def to_series(table: pa.Table) -> list[Series]:
@@ -194,6 +309,39 @@ def _request_handler() -> Any:
 
             _handler = HandlerPool([pb.WriteRequest.DESCRIPTOR.file]).get_for_message(pb.WriteRequest.DESCRIPTOR)
         return _handler
+
+
+_shape: Any = None
+
+
+def _shape_handler() -> Any:
+    """A ptars parser for a WriteRequest's shape only: each series as its lists of labels and
+    samples, each entry an empty message (its fields skipped as unknown), so nothing is copied."""
+    global _shape
+    with _handler_lock:
+        if _shape is None:
+            from ptars import HandlerPool
+
+            field = descriptor_pb2.FieldDescriptorProto
+            proto = descriptor_pb2.FileDescriptorProto(
+                name="medallion_remote_write_shape.proto", package="medallion.shape", syntax="proto3"
+            )
+            proto.message_type.add(name="Entry")
+            series = proto.message_type.add(name="Series")
+            request = proto.message_type.add(name="Request")
+            for message, name, number, entry in (
+                (series, "labels", 1, ".medallion.shape.Entry"),
+                (series, "samples", 2, ".medallion.shape.Entry"),
+                (request, "timeseries", 1, ".medallion.shape.Series"),
+            ):
+                message.field.add(
+                    name=name, number=number, type=field.TYPE_MESSAGE, label=field.LABEL_REPEATED, type_name=entry
+                )
+            pool = descriptor_pool.DescriptorPool()
+            pool.Add(proto)
+            files = [pool.FindFileByName(proto.name)]
+            _shape = HandlerPool(files).get_for_message(pool.FindMessageTypeByName("medallion.shape.Request"))
+        return _shape
 
 
 def encode(series: Iterable[Series], encoding: str = SNAPPY) -> bytes:

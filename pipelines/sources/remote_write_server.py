@@ -9,31 +9,42 @@
   bad input.
 - ``GET /metrics`` (Prometheus text format) and ``GET /healthz``.
 
-Memory stays bounded: at most ``workers`` requests are handled at once, each body is capped by
-``max_body_bytes`` (decoded by ``max_decoded_bytes``), and what waits for Delta is on disk,
-capped by ``max_pending_bytes``.
+The HTTP side is aiohttp's server on one event loop: an idle or slow connection costs a file
+descriptor, never a worker. A connection whose next request head is not complete within
+``idle_timeout`` of opening or of its last answer is closed, and a body not received within
+``body_timeout`` gets 408. Every early answer (411, 413, 415, 429) leaves the connection framed:
+aiohttp reads and drops the unread body (for up to 10 s) before the next request, or closes.
+Other methods get 405 with ``Allow``, unknown paths 404, a malformed request line 400; every
+answer is counted in ``/metrics``.
+
+Memory stays bounded: at most ``max_in_flight`` requests are read or decoded at once (more wait
+for a turn, holding only their head), each body is capped by ``max_body_bytes`` and decodes to at
+most ``max_decoded_bytes``, whose series, samples and labels are counted before they are parsed
+(:func:`codec.check_shape`); what waits for Delta is on disk, capped by ``max_pending_bytes``.
+Decoding and the log's fsync run on ``workers`` threads, off the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from bronze.samples import BRONZE_SAMPLES_SCHEMA
@@ -165,13 +176,27 @@ class Receiver:
             store.txn_version(quarantine, self.app_quarantine) or 0,
         )
         self.wal = WriteAheadLog(wal_dir, settings.max_pending_bytes, first_seq=committed + 1)
+        self.limits = settings.limits()
         self.metrics = Metrics()
         self.healthy = True
         self.last_error: str | None = None
         self._flush_lock = threading.Lock()
 
     # -- requests -------------------------------------------------------------------------------
-    def handle_write(self, query: dict[str, list[str]], headers: Any, read_body: Callable[[int], bytes]) -> Response:
+    def handle_write(self, query: Mapping[str, Any], headers: Any, read_body: Callable[[int], bytes]) -> Response:
+        """One write request, with a blocking body reader (for callers outside the server)."""
+        early = self.preflight(query, headers)
+        if early is not None:
+            return early
+        length = int(headers["Content-Length"])
+        body = read_body(length)
+        if len(body) != length:
+            return Response(400, b"body shorter than Content-Length\n", {"Connection": "close"})
+        return self.accept(body, headers)
+
+    def preflight(self, query: Mapping[str, Any], headers: Any) -> Response | None:
+        """The answer a write gets from its head alone (probe, protocol, encoding, length, a full
+        queue), or None when its body is to be read and passed to :meth:`accept`."""
         if query.get("get_vm_proto_version"):
             return Response(200, b"1", {"Content-Type": "text/plain"})
         version = headers.get("X-Prometheus-Remote-Write-Version", "")
@@ -191,22 +216,27 @@ class Receiver:
         try:
             length = int(length_header)
         except ValueError:
-            return Response(400, b"bad Content-Length\n")
+            return Response(400, b"bad Content-Length\n", {"Connection": "close"})
         if length < 0:
-            return Response(400, b"bad Content-Length\n")
+            return Response(400, b"bad Content-Length\n", {"Connection": "close"})
         if length > self.settings.max_body_bytes:
-            return Response(413, f"body over {self.settings.max_body_bytes} bytes\n".encode(), {"Connection": "close"})
-        if self.wal.pending_bytes + length > self.settings.max_pending_bytes:
+            return Response(413, f"body over {self.settings.max_body_bytes} bytes\n".encode())
+        # An empty log takes any body within max_body_bytes, so no body waits forever.
+        pending = self.wal.pending_bytes
+        if pending and pending + length > self.settings.max_pending_bytes:
             return Response(429, b"write queue is full\n", {"Retry-After": str(RETRY_AFTER_SECONDS)})
-        body = read_body(length)
-        if len(body) != length:
-            return Response(400, b"body shorter than Content-Length\n", {"Connection": "close"})
+        return None
+
+    def accept(self, body: bytes, headers: Any) -> Response:
+        """Decode a write's body, check it against the limits and log it: 204 once durable.
+        Blocking (decoding, fsync): the server runs it on a worker thread."""
+        encoding = (headers.get("Content-Encoding") or "").strip().lower()
         vm = encoding == codec.ZSTD or bool(headers.get("X-VictoriaMetrics-Remote-Write-Version"))
         source = "victoriametrics" if vm else "prometheus"
         now = datetime.now(UTC)
         batch_id = f"{self.settings.receiver_id}:{hashlib.sha256(body).hexdigest()[:16]}"
         try:
-            series = codec.decode(body, encoding, self.settings.max_decoded_bytes)
+            series = codec.decode(body, encoding, self.settings.max_decoded_bytes, self.limits)
         except codec.RemoteWriteError as exc:
             self._quarantine(body, str(exc), source, now, batch_id)
             return Response(exc.status, f"{exc}\n".encode())
@@ -337,100 +367,142 @@ class Receiver:
         self.wal.close()
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: RemoteWriteServer
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s " + format, self.address_string(), *args)
-
-    def _send(self, path: str, response: Response) -> None:
-        with self.server.receiver.metrics.lock:
-            self.server.receiver.metrics.requests[(path, response.status)] += 1
-        self.send_response(response.status)
-        for key, value in response.headers.items():
-            self.send_header(key, value)
-        self.send_header("Content-Length", str(len(response.body)))
-        self.end_headers()
-        if response.body and self.command != "HEAD":
-            self.wfile.write(response.body)
-        if response.headers.get("Connection") == "close":
-            self.close_connection = True
-
-    def _route(self) -> tuple[str, dict[str, list[str]]]:
-        parts = urlsplit(self.path)
-        return parts.path.rstrip("/") or "/", parse_qs(parts.query)
-
-    def do_GET(self) -> None:
-        path, query = self._route()
-        receiver = self.server.receiver
-        if path in WRITE_PATHS and query.get("get_vm_proto_version"):
-            self._send(path, Response(200, b"1", {"Content-Type": "text/plain"}))
-        elif path == "/metrics":
-            body = receiver.metrics_text().encode()
-            self._send(path, Response(200, body, {"Content-Type": "text/plain; version=0.0.4"}))
-        elif path == "/healthz":
-            ok = receiver.healthy
-            msg = b"ok\n" if ok else f"flush failing: {receiver.last_error}\n".encode()
-            self._send(path, Response(200 if ok else 503, msg, {"Content-Type": "text/plain"}))
-        else:
-            self._send("other", Response(404, b"not found\n"))
-
-    def do_POST(self) -> None:
-        path, query = self._route()
-        if path not in WRITE_PATHS:
-            self._send("other", Response(404, b"not found\n", {"Connection": "close"}))
-            return
-        try:
-            response = self.server.receiver.handle_write(query, self.headers, self.rfile.read)
-        except Exception:  # a bug, not bad input: say so, keep serving
-            log.exception("unexpected error handling a write")
-            response = Response(500, b"internal error\n", {"Connection": "close"})
-        if response.status >= 400 and response.status != 429:
-            response.headers.setdefault("Connection", "close")
-        self._send(path, response)
-
-    do_PUT = do_POST
+def _metric_path(path: str) -> str:
+    """The ``path`` label of a request: one of the served paths, else ``other`` (so scanners and
+    garbage request lines cannot grow the metric's series without bound)."""
+    path = path.rstrip("/") or "/"
+    return path if path in WRITE_PATHS or path in ("/metrics", "/healthz") else "other"
 
 
-class RemoteWriteServer(HTTPServer):
-    """An HTTP server with a bounded pool of workers (so memory is bounded under any load)."""
+def _web_response(response: Response) -> web.Response:
+    headers = {k: v for k, v in response.headers.items() if k != "Connection"}
+    answer = web.Response(status=response.status, body=response.body, headers=headers)
+    if response.headers.get("Connection") == "close":
+        answer.force_close()
+    return answer
 
-    daemon_threads = True
-    request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], receiver: Receiver, workers: int, reuse_port: bool = False) -> None:
-        self.address_family = address_family(*address)
-        # HTTPServer already sets SO_REUSEADDR; SO_REUSEPORT lets several receiver processes bind
-        # one port, and the kernel spreads connections over them.
-        self.allow_reuse_port = reuse_port
-        self.receiver = receiver
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="remote-write")
-        self._slots = threading.BoundedSemaphore(workers)
-        super().__init__(address, _Handler)
+def _counting_log(receiver: Receiver) -> type[AbstractAccessLogger]:
+    """An access logger that counts every answer by path and status, including the ones aiohttp
+    gives itself (404, 405, 400 for a malformed request line), and logs them at debug level."""
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        # Blocking here keeps further connections in the listen backlog instead of in memory.
-        self._slots.acquire()
-        self._pool.submit(self._work, request, client_address)
+    class CountingLog(AbstractAccessLogger):
+        def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+            with receiver.metrics.lock:
+                receiver.metrics.requests[(_metric_path(request.path), response.status)] += 1
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "%s %s %s -> %d (%.3f s)", request.remote, request.method, request.path, response.status, time
+                )
 
-    def _work(self, request: Any, client_address: Any) -> None:
-        try:
-            self.finish_request(request, client_address)
-        except Exception:
-            self.handle_error(request, client_address)
-        finally:
-            self.shutdown_request(request)
-            self._slots.release()
+        @property
+        def enabled(self) -> bool:
+            return True
 
-    def server_close(self) -> None:
-        super().server_close()
-        self._pool.shutdown(wait=True)
+    return CountingLog
+
+
+def application(receiver: Receiver, pool: ThreadPoolExecutor) -> web.Application:
+    """The receiver's routes; writes are decoded and logged on ``pool``'s threads."""
+    settings = receiver.settings
+    in_flight = asyncio.Semaphore(settings.max_in_flight)
+    body_timeout = settings.body_timeout.total_seconds()
+
+    async def write(request: web.Request) -> web.Response:
+        early = receiver.preflight(request.query, request.headers)
+        if early is not None:
+            return _web_response(early)
+        async with in_flight:
+            try:
+                async with asyncio.timeout(body_timeout):
+                    body = await request.read()
+            except TimeoutError:
+                # Answer, then close at once: lingering to drain a slow body would hold it longer.
+                message = f"body not received within {body_timeout:g} s\n".encode()
+                answer = _web_response(Response(408, message, {"Connection": "close"}))
+                await answer.prepare(request)
+                await answer.write_eof()
+                if request.transport is not None:
+                    request.transport.close()
+                return answer
+            if len(body) != int(request.headers["Content-Length"]):
+                return _web_response(Response(400, b"body shorter than Content-Length\n", {"Connection": "close"}))
+            loop = asyncio.get_running_loop()
+            try:
+                response = await loop.run_in_executor(pool, receiver.accept, body, request.headers)
+            except Exception:  # a bug, not bad input: say so, keep serving
+                log.exception("unexpected error handling a write")
+                response = Response(500, b"internal error\n", {"Connection": "close"})
+        return _web_response(response)
+
+    async def probe(request: web.Request) -> web.Response:
+        if request.query.get("get_vm_proto_version"):
+            return web.Response(text="1")
+        raise web.HTTPMethodNotAllowed(request.method, ["POST", "PUT"])
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=receiver.metrics_text().encode(), content_type="text/plain", charset="utf-8")
+
+    async def healthz(request: web.Request) -> web.Response:
+        if receiver.healthy:
+            return web.Response(text="ok\n")
+        return web.Response(status=503, text=f"flush failing: {receiver.last_error}\n")
+
+    # Bodies over the limit are refused from Content-Length before they are read.
+    app = web.Application(client_max_size=settings.max_body_bytes + 1)
+    for path in WRITE_PATHS:
+        for route in (path, path + "/"):
+            app.router.add_post(route, write)
+            app.router.add_put(route, write)
+            app.router.add_get(route, probe)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    return app
 
 
 def address_family(host: str, port: int) -> socket.AddressFamily:
     """IPv4 or IPv6, as ``host`` resolves (``::1`` and ``::`` are IPv6)."""
     return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+
+
+def listening_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A bound, listening, non-blocking socket. SO_REUSEPORT lets several receiver processes bind
+    one port, and the kernel spreads connections over them."""
+    sock = socket.socket(address_family(host, port), socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def _serve_http(
+    receiver: Receiver, sock: socket.socket, workers: int, stop: threading.Event, ready: Callable[[int], None]
+) -> None:
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="remote-write") as pool:
+        runner = web.AppRunner(
+            application(receiver, pool),
+            handle_signals=False,
+            access_log=log,
+            access_log_class=_counting_log(receiver),
+            keepalive_timeout=receiver.settings.idle_timeout.total_seconds(),
+            # The codec decompresses within its limits; aiohttp would inflate zstd bodies unbounded.
+            auto_decompress=False,
+            shutdown_timeout=receiver.settings.body_timeout.total_seconds(),
+        )
+        await runner.setup()
+        try:
+            await web.SockSite(runner, sock).start()
+            ready(sock.getsockname()[1])
+            await asyncio.to_thread(stop.wait)
+        finally:
+            await runner.cleanup()  # stops listening, lets requests in flight finish
 
 
 def serve(
@@ -443,18 +515,14 @@ def serve(
     reuse_port: bool = False,
 ) -> None:
     """Serve until ``stop`` is set; flush what is left before returning."""
-    server = RemoteWriteServer((host, port), receiver, workers, reuse_port)
+    sock = listening_socket(host, port, reuse_port)
     flusher_stop = threading.Event()
     flusher = threading.Thread(target=receiver.flush_loop, args=(flusher_stop,), name="flusher", daemon=True)
     flusher.start()
-    http = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="http", daemon=True)
-    http.start()
-    ready(server.server_address[1])
     try:
-        stop.wait()
+        asyncio.run(_serve_http(receiver, sock, workers, stop, ready))
     finally:
-        server.shutdown()
-        server.server_close()
+        sock.close()
         flusher_stop.set()
         flusher.join(timeout=60)
         receiver.close()

@@ -87,7 +87,7 @@ class WriteAheadLog:
             writer.write_table(table)
         data = sink.getvalue()
         with self._mutex:
-            if self._pending + data.size > self.max_pending_bytes:
+            if self._pending and self._pending + data.size > self.max_pending_bytes:
                 raise WalFullError(f"{self._pending:,} bytes wait for Delta (limit {self.max_pending_bytes:,})")
             self._seq += 1
             seq = self._seq

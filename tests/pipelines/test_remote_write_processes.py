@@ -7,14 +7,10 @@ or SIGKILL to the whole session for a crash) within a bounded time.
 from __future__ import annotations
 
 import hashlib
-import http.client
 import itertools
 import os
 import random
-import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -24,7 +20,7 @@ import pytest
 from deltalake import DeltaTable
 
 from pipelines.sources import remote_write as codec
-from tests.helpers import PROM_HEADERS
+from tests.helpers import ReceiverCommand as Command
 
 SAMPLES_PER_BODY = 6
 
@@ -37,50 +33,6 @@ def body(n: int) -> bytes:
             for k in range(3)
         ]
     )
-
-
-class Command:
-    def __init__(self, lake: Path, processes: int, flush_interval: str = "1h", host: str = "127.0.0.1") -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MEDALLION_")}
-        env |= {"MEDALLION_LAKE_ROOT": str(lake), "MEDALLION_REMOTE_WRITE__FLUSH_INTERVAL": flush_interval}
-        cmd = [sys.executable, "-m", "pipelines.cli", "serve", "remote-write", "--host", host, "--port", "0"]
-        self.proc = subprocess.Popen(
-            [*cmd, "--processes", str(processes)], env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
-        )
-        assert self.proc.stderr is not None
-        deadline = time.monotonic() + 90
-        self.port = 0
-        while not self.port and time.monotonic() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                break
-            m = re.search(r"http://.*:(\d+)/api/v1/write", line)
-            self.port = int(m.group(1)) if m else 0
-        assert self.port, "the receiver did not say where it listens"
-        self.host = host
-
-    def post(self, data: bytes) -> int:
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=30)  # a connection per body
-        try:
-            conn.request("POST", "/api/v1/write", body=data, headers=PROM_HEADERS)
-            resp = conn.getresponse()
-            resp.read()
-            return resp.status
-        finally:
-            conn.close()
-
-    def stop(self) -> tuple[int, str]:
-        self.proc.send_signal(signal.SIGTERM)
-        _, err = self.proc.communicate(timeout=120)
-        return self.proc.returncode, err
-
-    def kill(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGKILL)  # the parent and every receiver process at once
-        self.proc.communicate(timeout=30)
-
-    def __del__(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 def landed(lake: Path) -> Counter[str]:
