@@ -202,8 +202,14 @@ class RemoteWriteSettings(_Section):
     )
     flush_interval: Duration = timedelta(seconds=1)
     flush_max_rows: int = Field(default=500_000, ge=1)
+    fsync: Literal["request", "interval"] = Field(
+        default="request",
+        description="request: each request's log segment is fsynced before its 2xx; "
+        "interval: every fsync_interval (a power loss can lose that much)",
+    )
+    fsync_interval: Duration = Field(default=timedelta(seconds=1), description="with fsync: interval")
 
-    @field_validator("idle_timeout", "body_timeout")
+    @field_validator("idle_timeout", "body_timeout", "fsync_interval")
     @classmethod
     def _positive(cls, v: timedelta) -> timedelta:
         if v <= timedelta(0):

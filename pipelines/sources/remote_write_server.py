@@ -3,10 +3,13 @@
 - ``POST /api/v1/write`` (and ``/api/v1/import``): remote write 1.0, snappy-compressed protobuf
   ``WriteRequest``; VictoriaMetrics' zstd variant after its ``?get_vm_proto_version=1`` probe.
 - Answers 204 only once the samples are durable in the write-ahead log (flushed to
-  ``bronze/samples`` in batches); 400 for undecodable bodies (kept in ``bronze/quarantine``), 411
-  without a length, 413 over the body limit, 415 for an unknown encoding or protocol version, 429
-  with ``Retry-After`` when the log is full, 503 while the receiver cannot write. Never a 5xx for
-  bad input.
+  ``bronze/samples`` in batches): fsynced before the answer with ``fsync: request`` (the default),
+  or written to the page cache and fsynced every ``fsync_interval`` with ``fsync: interval``
+  (as Prometheus' own WAL; a killed process loses nothing, a power loss up to one interval).
+- 400 for undecodable bodies and out-of-range timestamps (kept in ``bronze/quarantine``), 408 for
+  a body too slow, 411 without a length, 413 over a limit (body, decoded size, series, samples,
+  labels), 415 for an unknown encoding or protocol version, 429 with ``Retry-After`` when the log
+  is full, 503 while the receiver cannot write. Never a 5xx for bad input.
 - ``GET /metrics`` (Prometheus text format) and ``GET /healthz``.
 
 The HTTP side is aiohttp's server on one event loop: an idle or slow connection costs a file
@@ -175,7 +178,9 @@ class Receiver:
             store.txn_version(samples, self.app_samples) or 0,
             store.txn_version(quarantine, self.app_quarantine) or 0,
         )
-        self.wal = WriteAheadLog(wal_dir, settings.max_pending_bytes, first_seq=committed + 1)
+        self.wal = WriteAheadLog(
+            wal_dir, settings.max_pending_bytes, first_seq=committed + 1, fsync_each=settings.fsync == "request"
+        )
         self.limits = settings.limits()
         self.metrics = Metrics()
         self.healthy = True
@@ -313,6 +318,15 @@ class Receiver:
         while not stop.wait(interval):
             self._flush_guarded()
         self._flush_guarded()
+
+    def sync_loop(self, stop: threading.Event) -> None:
+        """With ``fsync: interval``: make what was acknowledged durable every ``fsync_interval``."""
+        interval = self.settings.fsync_interval.total_seconds()
+        while not stop.wait(interval):
+            try:
+                self.wal.sync()
+            except OSError as exc:
+                log.error("cannot fsync the write-ahead log: %s", exc)
 
     def _flush_guarded(self) -> None:
         try:
@@ -519,6 +533,8 @@ def serve(
     flusher_stop = threading.Event()
     flusher = threading.Thread(target=receiver.flush_loop, args=(flusher_stop,), name="flusher", daemon=True)
     flusher.start()
+    if receiver.settings.fsync == "interval":
+        threading.Thread(target=receiver.sync_loop, args=(flusher_stop,), name="wal-sync", daemon=True).start()
     try:
         asyncio.run(_serve_http(receiver, sock, workers, stop, ready))
     finally:

@@ -41,8 +41,11 @@ class Segment:
 class WriteAheadLog:
     """Segments ``<seq>.<kind>.arrow`` in one folder, owned by one process (an flock guards it)."""
 
-    def __init__(self, directory: Path, max_pending_bytes: int, first_seq: int = 1) -> None:
+    def __init__(self, directory: Path, max_pending_bytes: int, first_seq: int = 1, fsync_each: bool = True) -> None:
+        """``fsync_each=False`` leaves each segment in the page cache when :meth:`append` returns
+        (safe from a killed process, not from a power loss) until :meth:`sync` is called."""
         self.dir = Path(directory)
+        self.fsync_each = fsync_each
         self.dir.mkdir(parents=True, exist_ok=True)
         self.max_pending_bytes = max_pending_bytes
         self._lock_file = open(self.dir / ".lock", "w")
@@ -81,7 +84,7 @@ class WriteAheadLog:
         return sorted(out, key=lambda s: s.seq)
 
     def append(self, kind: str, table: pa.Table) -> int:
-        """Write ``table`` as the next segment, durably; return its sequence number."""
+        """Write ``table`` as the next segment, durably (with ``fsync_each``); return its sequence number."""
         sink = pa.BufferOutputStream()
         with ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
@@ -99,9 +102,11 @@ class WriteAheadLog:
             with open(tmp, "wb") as f:
                 f.write(data.to_pybytes())
                 f.flush()
-                os.fsync(f.fileno())
+                if self.fsync_each:
+                    os.fsync(f.fileno())
             os.replace(tmp, final)
-            self._fsync_dir()
+            if self.fsync_each:
+                self._fsync_dir()
         except BaseException:
             with self._mutex:
                 self._pending -= data.size
@@ -122,6 +127,19 @@ class WriteAheadLog:
         with self._mutex:
             limit = min(self._writing, default=self._seq + 1)
         return [s for s in self.segments(kind) if s.seq < limit]
+
+    def sync(self) -> None:
+        """Make every segment written so far durable (for a log without ``fsync_each``)."""
+        for segment in self.segments():
+            try:
+                fd = os.open(segment.path, os.O_RDONLY)
+            except FileNotFoundError:  # landed and removed meanwhile
+                continue
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        self._fsync_dir()
 
     def _fsync_dir(self) -> None:
         fd = os.open(self.dir, os.O_RDONLY)

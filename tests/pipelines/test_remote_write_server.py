@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -166,16 +167,17 @@ def test_oversized_body_gets_413_and_a_full_queue_gets_429_with_retry_after(tmp_
         thread.join(30)
 
 
-def test_acknowledged_samples_survive_a_crash_before_the_flush(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fsync", ["request", "interval"])
+def test_acknowledged_samples_survive_a_crash_before_the_flush(tmp_path: Path, fsync: str) -> None:
     lake = tmp_path / "lake"
-    running, stop, thread = start_receiver(lake)
+    running, stop, thread = start_receiver(lake, fsync=fsync)
     assert running.post(codec.encode(SERIES), PROM_HEADERS)[0] == 204
     # Simulate a crash: no flush, the process is gone; only the write-ahead log remains.
     running.receiver.flush = lambda: 0  # type: ignore[method-assign]
     stop.set()
     thread.join(30)
     assert not DeltaTable(str(lake / "bronze" / "samples")).to_pyarrow_table().num_rows
-    again, stop2, thread2 = start_receiver(lake)
+    again, stop2, thread2 = start_receiver(lake, fsync=fsync)
     try:
         assert again.samples().num_rows == 3
         again.receiver.flush()
@@ -289,3 +291,22 @@ def test_an_append_that_finishes_after_a_later_one_is_not_taken_for_landed(
     receiver.close()
     table = DeltaTable(str(lake / "bronze" / "samples")).to_pyarrow_table()
     assert sorted(table["batch_id"].to_pylist()) == ["b1", "b2", "b2"]
+
+
+def test_with_fsync_interval_the_log_is_synced_every_interval(tmp_path: Path) -> None:
+    running, stop, thread = start_receiver(tmp_path / "lake", fsync="interval", fsync_interval="0.2s")
+    synced = threading.Event()
+    wal_sync = running.receiver.wal.sync
+
+    def sync() -> None:
+        wal_sync()
+        synced.set()
+
+    running.receiver.wal.sync = sync  # type: ignore[method-assign]
+    try:
+        assert running.receiver.wal.fsync_each is False
+        assert running.post(codec.encode(SERIES), PROM_HEADERS)[0] == 204
+        assert synced.wait(5)
+    finally:
+        stop.set()
+        thread.join(30)
