@@ -173,19 +173,28 @@ def parse_write_request(raw: bytes) -> pa.Table:
     series = batch.column(0).flatten()  # one message: the request's timeseries, in order
     labels, samples = series.field("labels"), series.field("samples")
     names, _ = labels.flatten().flatten()
-    order = pc.sort_indices(
-        pa.table({"series": pc.list_parent_indices(labels), "name": names}),
-        sort_keys=[("series", "ascending"), ("name", "ascending")],  # Arrow's sort is stable
-    )
+    owners = pc.list_parent_indices(labels)
+    flat_labels = labels.flatten()
+    if not _sorted_within(owners, names):  # senders are asked to sort; most do
+        order = pc.sort_indices(
+            pa.table({"series": owners, "name": names}),
+            sort_keys=[("series", "ascending"), ("name", "ascending")],  # Arrow's sort is stable
+        )
+        flat_labels = flat_labels.take(order)
     values, timestamps = samples.flatten().flatten()
     return pa.table(
-        [
-            _relist(labels, labels.flatten().take(order)),
-            _relist(samples, timestamps),
-            _relist(samples, values),
-        ],
+        [_relist(labels, flat_labels), _relist(samples, timestamps), _relist(samples, values)],
         schema=SERIES_SCHEMA,
     )
+
+
+def _sorted_within(owners: pa.Array, names: pa.Array) -> bool:
+    """Whether each series' label names are in ascending order already."""
+    if len(names) < 2:
+        return True
+    same_series = pc.equal(owners[1:], owners[:-1])
+    descending = pc.less(names[1:], names[:-1])
+    return not pc.any(pc.and_(same_series, descending)).as_py()
 
 
 def decode(body: bytes, encoding: str | None, max_decoded_bytes: int, limits: Limits | None = None) -> pa.Table:
@@ -292,7 +301,10 @@ def from_series(series: Iterable[Series]) -> pa.Table:
 
 def _relist(lists: pa.ListArray, flat: pa.Array) -> pa.ListArray:
     """``flat`` (as many items as ``lists`` holds, in order) cut into the lists ``lists`` has."""
-    lengths = pc.list_value_length(lists).to_numpy(zero_copy_only=False)
+    if lists.null_count == 0:  # protobuf's repeated fields, always: its offsets, rebased to 0
+        offsets = lists.offsets
+        return pa.ListArray.from_arrays(pc.subtract(offsets, offsets[0]) if offsets[0].as_py() else offsets, flat)
+    lengths = pc.list_value_length(lists).fill_null(0).to_numpy(zero_copy_only=False)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     return pa.ListArray.from_arrays(pa.array(offsets), flat)
 

@@ -127,8 +127,12 @@ class DeltaRsStore(TableStore):
         mode: Literal["append", "overwrite"],
         read_version: int | None,
     ) -> int:
-        """Rows that were born in the driver (a Kafka flush, samples, log rows): no Spark job."""
-        target: str | DeltaTable = self.path(spec) if read_version is None else self._table(spec, read_version)
+        """Rows that were born in the driver (a Kafka flush, samples, log rows): no Spark job.
+
+        The table is loaded once: delta-rs commits through it and moves it to the version it
+        committed, so no second load is needed to say which one that was.
+        """
+        target = self._table(spec, read_version)
         try:
             write_deltalake(
                 target,
@@ -140,7 +144,7 @@ class DeltaRsStore(TableStore):
             )
         except CommitFailedError as exc:
             raise CommitConflictError(f"{mode} of {spec.key} conflicted: {exc}") from exc
-        return self._table(spec).version()
+        return target.version()
 
     def _commit_files(
         self,
