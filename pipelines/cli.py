@@ -855,6 +855,12 @@ def _cell(v: Any) -> str:
 @click.option(
     "--minutes", type=click.FloatRange(1, 60), default=5.0, show_default=True, help="Minutes per --freshness rate."
 )
+@click.option(
+    "--only",
+    type=click.Choice(["ingest"]),
+    help="Only these stages: ingest = Kafka and remote write -> bronze with their peers "
+    "(VictoriaMetrics and Prometheus among them).",
+)
 @click.pass_obj
 def bench(
     state: State,
@@ -864,6 +870,7 @@ def bench(
     soak_minutes: float | None,
     freshness_rates: str | None,
     minutes: float,
+    only: str | None,
 ) -> None:
     """Benchmark every stage on seeded synthetic data, with peers, reduction and scaling figures.
 
@@ -896,10 +903,16 @@ def bench(
         console.print((out / "soak.md").read_text())
         say_step(f"soak done: {out}/soak.md, soak.json, soak.png")
         return
-    out = out_dir or Path("bench-results") / size
+    out = out_dir or Path("bench-results") / (size if only is None else f"{size}-{only}")
     say_step("starting Spark")
     spark = build_spark(state.settings)
-    result = run_bench(size, out, spark, repeats or {"S": 2, "M": 3, "L": 1}[size], say=say_step)
+    runs = repeats or {"S": 2, "M": 3, "L": 1}[size]
+    if only == "ingest":
+        from pipelines.bench.run import run_ingest
+
+        result = run_ingest(size, out, spark, runs, say=say_step)
+    else:
+        result = run_bench(size, out, spark, runs, say=say_step)
     console.print((out / "bench.md").read_text())
     say_step(f"bench {size} done in {result['wall_seconds']:,} s: {out}/bench.md, bench.json, bench.png")
 

@@ -18,9 +18,18 @@ FLUSH_INTERVAL = "0.5s"
 
 
 class ReceiverCommand:
-    """The receiver command with ``processes`` processes on a free loopback port of the lake of ``settings``."""
+    """The receiver command with ``processes`` processes on a free loopback port of the lake of
+    ``settings``; ``remote_write`` sets remote-write settings by key (``{"fsync": "interval"}``)."""
 
-    def __init__(self, settings: Any, store: Any, processes: int, workers: int, timeout: float = 120.0) -> None:
+    def __init__(
+        self,
+        settings: Any,
+        store: Any,
+        processes: int,
+        workers: int,
+        timeout: float = 120.0,
+        remote_write: dict[str, str] | None = None,
+    ) -> None:
         self.settings, self.store, self.processes = settings, store, processes
         self.timeout = timeout
         self.log = Path(settings.lake_root) / "_logs" / "receiver.log"
@@ -31,6 +40,7 @@ class ReceiverCommand:
             "MEDALLION_REMOTE_WRITE__FLUSH_INTERVAL": FLUSH_INTERVAL,
             "MEDALLION_REMOTE_WRITE__WORKERS": str(workers),
         }
+        env |= {f"MEDALLION_REMOTE_WRITE__{key.upper()}": value for key, value in (remote_write or {}).items()}
         command = [sys.executable, "-c", "from pipelines.cli import main; main()", "serve", "remote-write"]
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "w") as log:  # a file, not a pipe nobody reads once it listens

@@ -52,7 +52,7 @@ def markdown(result: dict[str, Any]) -> str:
     m = result["machine"]
     w = result["workload"]
     lines = [
-        f"# medallion bench, size {result['size']}",
+        f"# medallion bench, size {result['size']}" + (f", {result['only']} stages only" if result.get("only") else ""),
         "",
         f"Machine: {m['cpus']} CPUs ({m['cpu']}), {m['memory_gb']} GiB, Python {m['python']}, Spark {m['spark']}.",
         f"Workload: {w['events']:,} events, {w['page_changes_landed']:,} page changes landed "
@@ -127,7 +127,8 @@ def markdown(result: dict[str, Any]) -> str:
             by_window.setdefault(d["window_minutes"], {})[d["mode"]] = d["pruned_percent"]
         for win, modes in sorted(by_window.items()):
             lines.append(f"| {win:g} | {modes.get('tumbling', 0):.2f}% | {modes.get('staggered', 0):.2f}% |")
-    lines += scaling_tables(result["scaling"])
+    if result.get("scaling"):
+        lines += scaling_tables(result["scaling"])
     if result.get("buffer"):
         lines += [
             "",
@@ -197,9 +198,11 @@ def charts(result: dict[str, Any], out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     paths = []
-    # Stage names are long: the two per-stage charts get whole rows, the other three share one.
-    fig = plt.figure(figsize=(15, 17))
-    grid = fig.add_gridspec(3, 3, height_ratios=[1.6, 1.1, 1])
+    # Stage names are long: the two per-stage charts get whole rows, the other three share one
+    # (a run of the ingest stages alone has only the first two).
+    chain = "reduction" in result
+    fig = plt.figure(figsize=(15, 17 if chain else 11))
+    grid = fig.add_gridspec(3 if chain else 2, 3, height_ratios=[1.6, 1.1, 1] if chain else [1.2, 1])
     ours = [s for s in result["stages"] if s["median_per_s"]]
     ax = fig.add_subplot(grid[0, :])
     ax.barh([s["stage"] for s in ours], [s["median_per_s"] for s in ours], color="#4c72b0")
@@ -208,6 +211,41 @@ def charts(result: dict[str, Any], out: Path) -> list[Path]:
     ax.tick_params(axis="y", labelsize=8)
     ax.invert_yaxis()
     ratios(fig.add_subplot(grid[1, :]), result)
+    if chain:
+        chain_charts(fig, grid, result)
+    only = f", {result['only']} stages only" if result.get("only") else ""
+    fig.suptitle(f"medallion bench, size {result['size']}{only}")
+    fig.tight_layout(rect=(0, 0, 1, 0.98))  # leave the suptitle its own line
+    paths.append(out / "bench.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    sizes = result.get("scaling", {}).get("sizes", {})
+    if len(sizes) > 1:
+        fig, ax = plt.subplots(figsize=(8, 5))
+        stage_names = list(next(iter(result["scaling"]["seconds"].values())).keys())
+        for st in stage_names:
+            ax.plot(
+                [sizes[n] for n in sizes],
+                [result["scaling"]["seconds"][n].get(st) for n in sizes],
+                marker="o",
+                label=st,
+            )
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("events")
+        ax.set_ylabel("seconds")
+        ax.set_title("time per stage by input size")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths.append(out / "scaling.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths
+
+
+def chain_charts(fig: Any, grid: Any, result: dict[str, Any]) -> None:
+    """The chain's three small charts: records per event by pods, dedup by window, the buffer."""
     ax = fig.add_subplot(grid[2, 0])
     reduction = result.get("reduction", [])
     pods = [str(r["pods"]) for r in reduction]
@@ -232,34 +270,6 @@ def charts(result: dict[str, Any], out: Path) -> list[Path]:
     ax.set_xlabel("page changes received")
     ax.set_title("silver page-change buffer")
     ax.legend()
-    fig.suptitle(f"medallion bench, size {result['size']}")
-    fig.tight_layout(rect=(0, 0, 1, 0.98))  # leave the suptitle its own line
-    paths.append(out / "bench.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
-
-    sizes = result["scaling"]["sizes"]
-    if len(sizes) > 1:
-        fig, ax = plt.subplots(figsize=(8, 5))
-        stage_names = list(next(iter(result["scaling"]["seconds"].values())).keys())
-        for st in stage_names:
-            ax.plot(
-                [sizes[n] for n in sizes],
-                [result["scaling"]["seconds"][n].get(st) for n in sizes],
-                marker="o",
-                label=st,
-            )
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("events")
-        ax.set_ylabel("seconds")
-        ax.set_title("time per stage by input size")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        paths.append(out / "scaling.png")
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
-    return paths
 
 
 def write(result: dict[str, Any], out: Path) -> list[Path]:

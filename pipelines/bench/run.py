@@ -26,7 +26,16 @@ from pipelines import jobs
 from pipelines.bench import plain
 from pipelines.bench.freshness import run_freshness
 from pipelines.bench.measure import Figure, as_dicts, timed, warm_up_first
-from pipelines.bench.workloads import KAFKA_MESSAGE_KINDS, PODS, SIZES, Size, Workload, generate, kafka_messages
+from pipelines.bench.workloads import (
+    KAFKA_MESSAGE_KINDS,
+    PODS,
+    SIZES,
+    Size,
+    Workload,
+    generate,
+    kafka_messages,
+    remote_write_bodies,
+)
 from pipelines.runner import Context, startup_heap_frozen
 from pipelines.settings import KafkaSettings, load_settings
 from pipelines.storage import open_store
@@ -456,6 +465,78 @@ def remote_write_processes_stage(b: Bench, w: Workload) -> None:
             fig.note = f"{RW_SENDERS} senders (another process); flush every 0.5 s; time until the last sample's commit"
 
 
+RW_OURS = "remote write -> bronze, serve ({how})"
+RW_PEER = "peer: {name} (remote write)"
+
+
+def remote_write_peers_stage(b: Bench, w: Workload) -> None:
+    """``medallion serve remote-write`` beside the stores a user would send remote write to instead.
+
+    The same sender process sends the same bodies to each, in turn within each run: our receiver
+    with each request fsynced before its 204 and with the log fsynced every second (the durability
+    the peers offer), single-node VictoriaMetrics and Prometheus' remote-write receiver. Ours ends
+    at the last sample's commit in bronze/samples; a peer once its query API counts every sample.
+    A peer whose binary is missing is skipped, with how to install it.
+    """
+    from pipelines.bench.measure import MemorySampler
+    from pipelines.bench.peers import PEERS, Peer
+    from pipelines.bench.receivers import ReceiverCommand
+    from pipelines.bench.workloads import RW_METRICS, remote_write_end_ms
+
+    bodies = b.out / "work" / "remote-write-bodies.pickle"
+    ours = {
+        "request": b.figure(RW_OURS.format(how="fsync per request"), "samples"),
+        "interval": b.figure(RW_OURS.format(how="fsync every 1 s"), "samples"),
+    }
+    peers = {kind: b.figure(RW_PEER.format(name=kind.name), "samples") for kind in PEERS}
+    for kind, fig in peers.items():
+        why = kind.missing()
+        if why:
+            fig.note = f"skipped: {why}"
+            continue
+        fig.note = (
+            f"{RW_SENDERS} senders (another process); time until its query API counts every sample; {kind.promise}"
+        )
+        for our in ours.values():
+            our.peers[kind.name] = fig.stage
+    at_ms = remote_write_end_ms(w.size)
+    for attempt in range(b.repeats + 1):
+        for fsync, fig in ours.items():
+            ctx = b.context("remote-write-peers")
+            target = warm_up_first(fig, attempt)
+            with ReceiverCommand(ctx.settings, ctx.store, 1, RW_SENDERS, remote_write={"fsync": fsync}) as receiver:
+                with (
+                    senders_ready(receiver.port, bodies) as send,
+                    MemorySampler({"receiver": receiver.proc.pid}) as mem,
+                ):
+                    started = time.time()
+                    statuses = send()
+                    landed = receiver.stop_and_wait_landed(w.samples)
+            if set(statuses) != {204}:
+                raise AssertionError(f"remote write answered {statuses}")
+            target.record(landed - started, w.samples, mem.peak)
+        for kind, fig in peers.items():
+            if kind.missing():
+                continue
+            target = warm_up_first(fig, attempt)
+            with Peer(kind, b.out / "work" / "peers" / kind.binary) as peer:
+                with senders_ready(peer.port, bodies) as send, MemorySampler({kind.binary: peer.proc.pid}) as mem:
+                    started = time.time()
+                    statuses = send()
+                    if set(statuses) != {204}:
+                        raise AssertionError(f"{kind.name} answered {statuses}")
+                    counted = peer.wait_counted(RW_METRICS, at_ms, w.samples)
+            target.record(counted - started, w.samples, mem.peak)
+    ours["request"].note = (
+        f"{RW_SENDERS} senders (another process); the command, one process; time until the last sample's commit; "
+        "2xx: each request's log segment and the log folder fsynced"
+    )
+    ours["interval"].note = (
+        f"{RW_SENDERS} senders (another process); the command, one process, remote_write.fsync: interval; time "
+        "until the last sample's commit; 2xx: in the page cache, the log fsynced every 1 s"
+    )
+
+
 # -- peers ----------------------------------------------------------------------------------------
 CLICKHOUSE_FANOUT = """
 INSERT INTO {db}.peer_property_values
@@ -696,6 +777,53 @@ def buffer_growth(b: Bench, w: Workload) -> list[dict[str, Any]]:
 NOT_SCALED = ("peer", plain.PREFIX, GATES_OFF, "remote", "Kafka", "end", "samples")
 
 
+def run_ingest(
+    size_name: str, out: Path, spark: SparkSession, repeats: int = 3, say: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Only the ingest stages at a size: Kafka -> bronze beside the bare consumer and plain Spark,
+    one and two ingest processes, and remote write beside decoding, reading and discarding, one and
+    two receiver processes, VictoriaMetrics and Prometheus. Minutes where the whole bench takes most
+    of an hour; the same table, JSON and chart."""
+    from pipelines.bench import report
+
+    size = SIZES[size_name]
+    out = out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out / "work", ignore_errors=True)
+    b = Bench(size, out, spark, repeats, say)
+    t0 = time.perf_counter()
+    say(f"bench {size.name}, ingest stages: generating the remote-write bodies")
+    bodies, samples = remote_write_bodies(size)
+    w = Workload(size, out / "work" / "data", 0, [], [], bodies, samples)
+    say("Kafka -> bronze")
+    kafka_stage(b, w)
+    say("remote write")
+    remote_write_stage(b, w)
+    remote_write_processes_stage(b, w)
+    say("remote write beside VictoriaMetrics and Prometheus")
+    remote_write_peers_stage(b, w)
+    result = {
+        "size": size.name,
+        "only": "ingest",
+        "workload": {
+            "events": 0,
+            "page_changes_distinct": 0,
+            "page_changes_landed": 0,
+            "remote_write_samples": samples,
+            "remote_write_requests": len(bodies),
+            "kafka_messages": size.kafka_messages,
+        },
+        "repeats": repeats,
+        "machine": report.machine(spark),
+        "stages": sorted(as_dicts(b.figures), key=lambda s: s["stage"].startswith(plain.PREFIX)),
+        "wall_seconds": round(time.perf_counter() - t0, 1),
+    }
+    (out / "bench.json").write_text(json.dumps(result, indent=2, default=str))
+    report.write(result, out)
+    shutil.rmtree(out / "work", ignore_errors=True)
+    return result
+
+
 def run_bench(
     size_name: str, out: Path, spark: SparkSession, repeats: int = 3, say: Callable[[str], None] = print
 ) -> dict[str, Any]:
@@ -741,6 +869,8 @@ def run_bench(
         say("remote write")
         remote_write_stage(b, w)
         remote_write_processes_stage(b, w)
+        say("remote write beside VictoriaMetrics and Prometheus")
+        remote_write_peers_stage(b, w)
         say("metric panes: tumbling vs sliding")
         metric_panes_stage(b, w)
         if size.name != "S":  # minutes per rate: not in the S run CI makes

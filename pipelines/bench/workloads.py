@@ -123,27 +123,41 @@ def page_changes_spec(size: Size) -> PageChangesSpec:
     )
 
 
+RW_T0_MS = 1_717_200_000_000  # 2024-06-01: the remote-write samples' first timestamp
+RW_STEP_MS = 15_000
+#: The remote-write samples' metric names. A query counts each on its own: Prometheus refuses
+#: ``count_over_time`` over several names at once ("vector cannot contain metrics with the same
+#: labelset"), as the function drops the name and the other labels repeat across names.
+RW_METRICS = tuple(f"node_metric_{i}_total" for i in range(50))
+
+
+def remote_write_end_ms(size: Size) -> int:
+    """A time after every remote-write sample of ``size`` (for the peers' queries)."""
+    return RW_T0_MS + size.samples_per_series * RW_STEP_MS
+
+
 def remote_write_bodies(size: Size, seed: int = 11) -> tuple[list[bytes], int]:
     """Snappy bodies of ``SERIES_PER_REQUEST`` series x ``SAMPLES_PER_REQUEST_SERIES`` samples."""
     rng = random.Random(seed)
-    metrics = [f"node_metric_{i}_total" for i in range(50)]
+    metrics = RW_METRICS
     labels = [
         (
             ("__name__", metrics[i % len(metrics)]),
             ("instance", f"host-{i // 200}:9100"),
             ("job", "node"),
-            ("mode", ("idle", "user", "system", "iowait")[i % 4]),
+            # (i // 50) % 4, not i % 4: with 50 names, i % 4 would give series i and i + 100 one label set.
+            ("mode", ("idle", "user", "system", "iowait")[(i // len(metrics)) % 4]),
         )
         for i in range(size.series)
     ]
     bodies, samples = [], 0
-    t0 = 1_717_200_000_000
+    t0 = RW_T0_MS
     rounds = size.samples_per_series // SAMPLES_PER_REQUEST_SERIES
     for r in range(rounds):
         for start in range(0, size.series, SERIES_PER_REQUEST):
             batch = []
             for lab in labels[start : start + SERIES_PER_REQUEST]:
-                ts = [t0 + (r * SAMPLES_PER_REQUEST_SERIES + k) * 15_000 for k in range(SAMPLES_PER_REQUEST_SERIES)]
+                ts = [t0 + (r * SAMPLES_PER_REQUEST_SERIES + k) * RW_STEP_MS for k in range(SAMPLES_PER_REQUEST_SERIES)]
                 batch.append(Series(tuple(sorted(lab)), ts, [rng.random() * 1e6 for _ in ts]))
             bodies.append(encode(batch))
             samples += len(batch) * SAMPLES_PER_REQUEST_SERIES

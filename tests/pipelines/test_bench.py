@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from tests.infra import ensure_apt_packages, require_or_skip
+
 pytestmark = pytest.mark.integration
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -35,6 +37,9 @@ SPARK_STAGES = (
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], str]:
+    reason = ensure_apt_packages("victoria-metrics", "prometheus")  # the remote-write peers
+    if reason is not None:
+        require_or_skip(f"the remote-write peers are unavailable: {reason}")
     cwd = tmp_path_factory.mktemp("bench")
     out = cwd / "bench-results" / "S"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEDALLION_")}
@@ -85,6 +90,10 @@ def test_every_stage_has_a_figure_or_says_why_not(bench: tuple[Path, dict[str, A
         "remote write -> bronze",
         "remote write -> bronze, 1 receiver process",
         "remote write -> bronze, 2 receiver processes",
+        "remote write -> bronze, serve (fsync per request)",
+        "remote write -> bronze, serve (fsync every 1 s)",
+        "peer: VictoriaMetrics (remote write)",
+        "peer: Prometheus (remote write)",
         "samples -> metric windows (tumbling 1m)",
         "samples -> metric windows (sliding 1m, 6 panes)",
     }
@@ -111,6 +120,24 @@ def test_every_stage_has_a_figure_or_says_why_not(bench: tuple[Path, dict[str, A
     assert peers["remote write -> bronze, 2 receiver processes"] == {
         "1 process": "remote write -> bronze, 1 receiver process"
     }
+    for fsync in ("fsync per request", "fsync every 1 s"):
+        assert peers[f"remote write -> bronze, serve ({fsync})"] == {
+            "VictoriaMetrics": "peer: VictoriaMetrics (remote write)",
+            "Prometheus": "peer: Prometheus (remote write)",
+        }
+
+
+def test_the_remote_write_peers_ran_and_say_what_their_2xx_promises(bench: tuple[Path, dict[str, Any], str]) -> None:
+    _, result, _ = bench
+    stages = {s["stage"]: s for s in result["stages"]}
+    for name, promise in (
+        ("peer: VictoriaMetrics (remote write)", "2xx: in memory"),
+        ("peer: Prometheus (remote write)", "2xx: in the head block and its WAL"),
+        ("remote write -> bronze, serve (fsync per request)", "2xx: each request's log segment"),
+        ("remote write -> bronze, serve (fsync every 1 s)", "the log fsynced every 1 s"),
+    ):
+        assert stages[name]["runs"] == 1, (name, stages[name]["note"])
+        assert promise in stages[name]["note"], stages[name]["note"]
 
 
 def test_kafka_is_measured_at_two_sizes_beside_a_bare_consumer(bench: tuple[Path, dict[str, Any], str]) -> None:

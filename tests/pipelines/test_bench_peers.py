@@ -1,0 +1,56 @@
+"""The bench's remote-write peers: real VictoriaMetrics and Prometheus (Debian's), started and
+stopped by the bench on loopback, counting what they were sent through their query APIs."""
+
+from __future__ import annotations
+
+import http.client
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pipelines.bench.peers import PEERS, PROMETHEUS, VICTORIA_METRICS, Peer, PeerKind
+from pipelines.sources import remote_write as codec
+from tests.helpers import PROM_HEADERS
+from tests.infra import ensure_apt_packages, require_or_skip
+
+pytestmark = pytest.mark.integration
+
+T0 = 1_717_200_000_000
+
+
+def body() -> bytes:
+    """Two metrics whose other labels are the same (the case Prometheus' count_over_time refuses
+    across names), 3 samples each, out of order in one series."""
+    return codec.encode(
+        [
+            codec.Series((("__name__", "a_total"), ("job", "j")), [T0 + 30_000, T0, T0 + 15_000], [3.0, 1.0, 2.0]),
+            codec.Series((("__name__", "b_total"), ("job", "j")), [T0, T0 + 15_000, T0 + 30_000], [1.0, 2.0, 3.0]),
+        ]
+    )
+
+
+@pytest.mark.parametrize("kind", PEERS, ids=lambda k: k.name)
+def test_a_peer_counts_every_sample_it_was_sent_then_stops(tmp_path: Path, kind: PeerKind) -> None:
+    reason = ensure_apt_packages(kind.package)
+    if reason is not None:
+        require_or_skip(f"{kind.name} unavailable: {reason}")
+    with Peer(kind, tmp_path / kind.binary) as peer:
+        conn = http.client.HTTPConnection("127.0.0.1", peer.port, timeout=10)
+        conn.request("POST", "/api/v1/write", body=body(), headers=PROM_HEADERS)
+        response = conn.getresponse()
+        assert (response.status, response.read()) == (204, b"")
+        conn.close()
+        assert peer.wait_counted(["a_total", "b_total"], T0 + 60_000, 6, timeout=30) > 0
+        assert peer.count(["a_total"], T0 + 60_000) == 3
+    assert peer.proc.poll() is not None  # stopped on leaving the block
+
+
+def test_a_missing_peer_says_how_to_install_it() -> None:
+    absent = replace(VICTORIA_METRICS, binary="victoria-metrics-not-installed")
+    assert absent.missing() == (
+        "`victoria-metrics-not-installed` is not installed (Debian: apt-get install victoria-metrics)"
+    )
+    assert replace(PROMETHEUS, binary="prometheus-not-installed").missing() == (
+        "`prometheus-not-installed` is not installed (Debian: apt-get install prometheus)"
+    )
