@@ -22,7 +22,7 @@ from pipelines.errors import InputError
 from pipelines.eventlog import RunRecord
 from pipelines.runner import Context, append_once, run_job
 from pipelines.sources import kafka
-from pipelines.sources.files import LandingFile, file_digests, landing_rows
+from pipelines.sources.files import LandingFile, compression_of, file_digests, landing_rows
 from pipelines.storage import AppTxn
 from pipelines.storage.base import conform
 from pipelines.tables import BRONZE_EVENTS, BRONZE_PAGE_CHANGES, BRONZE_QUARANTINE
@@ -119,13 +119,21 @@ def ingest_files(ctx: Context, kind: str, paths: Sequence[Path]) -> RunRecord:
     if kind not in KINDS:
         raise InputError(f"unknown kind {kind!r}: use one of {', '.join(KINDS)}")
     target = KINDS[kind][0]
+    missing = [p for p in paths if not Path(p).is_file()]
+    if missing:
+        raise InputError(f"{missing[0]}: no such file")
+    # A compressed file is refused by name; the other files of the call still land.
+    refused = {p: why for p in paths if (why := compression_of(Path(p))) is not None}
+    readable = [p for p in paths if p not in refused]
 
     def body(record: RunRecord) -> None:
         for spec in (target, BRONZE_QUARANTINE):
             ctx.store.ensure(spec)
+        if refused:
+            record.add(files_refused=len(refused))
         now = datetime.now(UTC)
         files: list[tuple[LandingFile, AppTxn]] = []
-        for f in file_digests(ctx.spark, paths):
+        for f in file_digests(ctx.spark, readable):
             txn = AppTxn(f"medallion/ingest-file/{kind}/{f.digest}", 0)
             seen = any(b.digest == f.digest for b, _ in files)
             if seen or ctx.store.txn_version(target, txn.app_id) is not None:
@@ -133,7 +141,7 @@ def ingest_files(ctx: Context, kind: str, paths: Sequence[Path]) -> RunRecord:
                 continue
             files.append((f, txn))
         if not files:
-            record.noop("every file was landed before")
+            record.noop("every file was landed before" if readable else "no file could be read")
             return
         # Spark reads the files and splits them into records: no file passes through the driver.
         landing = landing_rows(ctx.spark, [f for f, _ in files], now)
@@ -164,7 +172,12 @@ def ingest_files(ctx: Context, kind: str, paths: Sequence[Path]) -> RunRecord:
         record.add(files=len(files), quarantined=n_bad)
         ctx.say(f"landed {n_good:,} {kind} from {len(files)} file(s), {n_bad:,} quarantined")
 
-    return run_job(ctx, f"ingest_file.{kind}", body)
+    record = run_job(ctx, f"ingest_file.{kind}", body)
+    if refused:
+        path, why = next(iter(refused.items()))
+        more = f" (and {len(refused) - 1} more file(s))" if len(refused) > 1 else ""
+        raise InputError(f"{path}: not landed, {why}{more}; the other files were landed ({record.status})")
+    return record
 
 
 def topic_kinds(ctx: Context, topics: Sequence[str] | None = None) -> dict[str, str]:

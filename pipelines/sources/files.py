@@ -11,11 +11,14 @@ so no file's bytes pass through the Python driver: the driver sees one digest pe
   without its quotes (it is not an object either way, so bronze quarantines it).
 
 A line that is not JSON is still a record: bronze quarantines it. Each record keeps its position
-among the file's records as its ``offset``.
+among the file's records as its ``offset``. An empty file has no records: it is landed as a file
+of none, so landing it again is a no-op. A compressed file (gzip, zstd, bzip2, xz, zip, by its
+first bytes) is not read: :func:`compression_of` names it so the caller can refuse it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Sequence
@@ -48,6 +51,29 @@ class LandingFile:
         return f"file:{self.digest[:16]}"
 
 
+#: The first bytes of the compressed formats a data file may come in, and how to undo each.
+_COMPRESSED = (
+    (b"\x1f\x8b", "gzip", "gunzip"),
+    (b"\x28\xb5\x2f\xfd", "zstd", "unzstd"),
+    (b"BZh", "bzip2", "bunzip2"),
+    (b"\xfd7zXZ\x00", "xz", "unxz"),
+    (b"PK\x03\x04", "zip", "unzip"),
+)
+_EMPTY_DIGEST = hashlib.sha256(b"").hexdigest()
+
+
+def compression_of(path: Path) -> str | None:
+    """Why ``path`` cannot be landed as it is (``"gzip-compressed: gunzip it first"``), or None.
+
+    Reads the file's first six bytes: a signature, not row data."""
+    with open(path, "rb") as f:
+        head = f.read(6)
+    for magic, name, undo in _COMPRESSED:
+        if head.startswith(magic):
+            return f"{name}-compressed: {undo} it first"
+    return None
+
+
 def _local(uri: str) -> str:
     return os.path.abspath(unquote(urlparse(uri).path)) if uri.startswith("file:") else uri
 
@@ -65,11 +91,17 @@ def file_digests(spark: SparkSession, paths: Sequence[Path]) -> list[LandingFile
     missing = [p for p in wanted if not Path(p).is_file()]
     if missing:
         raise InputError(f"{missing[0]}: no such file")
-    if not wanted:
-        return []
+    # Spark's binaryFile source lists no empty file: those need no reading to know their digest.
+    empty = {p: (Path(p).as_uri(), _EMPTY_DIGEST) for p in wanted if os.path.getsize(p) == 0}
+    to_read = [p for p in wanted if p not in empty]
+    if not to_read:
+        return [LandingFile(Path(p), *empty[p]) for p in wanted]
     # One row per file (its path and digest): bookkeeping, not row data.
-    rows = _read(spark, wanted).select("path", F.sha2("content", 256).alias("digest")).collect()
-    by_path = {_local(r["path"]): (r["path"], r["digest"]) for r in rows}
+    rows = _read(spark, to_read).select("path", F.sha2("content", 256).alias("digest")).collect()
+    by_path = {_local(r["path"]): (r["path"], r["digest"]) for r in rows} | empty
+    unread = [p for p in wanted if p not in by_path]
+    if unread:  # emptied or removed between the size check and Spark's read
+        raise InputError(f"{unread[0]}: could not be read (was it changed while landing?)")
     return [LandingFile(Path(p), *by_path[p]) for p in wanted]
 
 

@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import hashlib
+import io
+import lzma
+import zipfile
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+import cramjam
 import pytest
 from pyspark.sql import SparkSession
 
+from pipelines import jobs
 from pipelines.errors import InputError
-from pipelines.sources.files import file_digests, landing_rows
+from pipelines.runner import Context
+from pipelines.settings import Settings
+from pipelines.sources.files import compression_of, file_digests, landing_rows
+from pipelines.storage import open_store
+from pipelines.tables import BRONZE_EVENTS, BRONZE_QUARANTINE
+from tests.pipelines.test_jobs import write_events
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -32,6 +45,7 @@ CASES: dict[str, tuple[bytes, list[bytes]]] = {
     "first line an array.jsonl": (b'[1, 2]\n{"a": 1}\n', [b"[1, 2]", b'{"a": 1}']),
     "objects on lines [1].jsonl": (b'{"a": 1}\n{"b": 2}\n', [b'{"a": 1}', b'{"b": 2}']),
     "empty.jsonl": (b"\n \n", []),
+    "zero bytes.jsonl": (b"", []),  # Spark's binaryFile source lists no such file
 }
 
 
@@ -71,3 +85,61 @@ def test_digests_are_the_sha256_of_each_file_in_the_order_given(spark: SparkSess
 def test_a_missing_file_is_an_input_error(spark: SparkSession, tmp_path: Path) -> None:
     with pytest.raises(InputError, match="no such file"):
         file_digests(spark, [tmp_path / "nope.jsonl"])
+
+
+@pytest.fixture
+def ctx(spark: SparkSession, engine_settings: Callable[..., Settings], tmp_path: Path) -> Context:
+    settings = engine_settings(tmp_path / "lake")
+    return Context(settings=settings, spark=spark, store=open_store(settings, spark))
+
+
+def test_an_empty_file_lands_as_a_file_of_no_records_beside_the_others(ctx: Context, tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    good = write_events(tmp_path / "good.jsonl", 1, 3)
+    record = jobs.ingest_files(ctx, "events", [empty, good])
+    assert (record.status, record.rows_in, record.rows_out, record.metrics["files"]) == ("ok", 3, 3, 2)
+    again = jobs.ingest_files(ctx, "events", [empty, good])  # both recorded: nothing to do
+    assert (again.status, again.metrics["files_skipped"]) == ("noop", 2)
+    assert ctx.store.read(BRONZE_EVENTS).count() == 3
+
+
+def zipped(data: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:
+        z.writestr("events.jsonl", data)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("compress", "reason"),
+    [
+        (gzip.compress, "gzip-compressed: gunzip it first"),
+        (lambda b: bytes(cramjam.zstd.compress(b)), "zstd-compressed: unzstd it first"),
+        (bz2.compress, "bzip2-compressed: bunzip2 it first"),
+        (lzma.compress, "xz-compressed: unxz it first"),
+        (zipped, "zip-compressed: unzip it first"),
+        (lambda b: b, None),
+    ],
+)
+def test_compressed_files_are_told_by_their_first_bytes(
+    tmp_path: Path, compress: Callable[[bytes], bytes], reason: str | None
+) -> None:
+    path = tmp_path / "events.jsonl"  # the name says nothing; the bytes do
+    path.write_bytes(compress(b'{"a": 1}\n'))
+    assert compression_of(path) == reason
+
+
+def test_a_compressed_file_is_refused_by_name_and_the_others_land(ctx: Context, tmp_path: Path) -> None:
+    good = write_events(tmp_path / "good.jsonl", 1, 2)
+    packed = tmp_path / "more.jsonl.gz"
+    packed.write_bytes(gzip.compress(write_events(tmp_path / "more.jsonl", 1, 5).read_bytes()))
+    with pytest.raises(InputError) as refused:
+        jobs.ingest_files(ctx, "events", [packed, good])
+    assert (
+        str(refused.value)
+        == f"{packed}: not landed, gzip-compressed: gunzip it first; the other files were landed (ok)"
+    )
+    assert refused.value.exit_code == 2
+    assert ctx.store.read(BRONZE_EVENTS).count() == 2
+    assert ctx.store.read(BRONZE_QUARANTINE).count() == 0
