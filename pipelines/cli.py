@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import signal
 import sys
@@ -21,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pipelines.errors import MedallionError, SettingsError
-from pipelines.settings import Settings, env_name, load_settings
+from pipelines.settings import Settings, assign, load_settings
 
 # Piped output (CI logs, files) gets wide tables instead of truncated cells.
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
@@ -69,7 +68,19 @@ class State:
             preload()
         say_step("starting Spark")
         spark = build_spark(settings)
+        if not self.verbose:
+            quiet_query_context_logs()
         return Context(settings=settings, spark=spark, store=open_store(settings, spark), say=say_step)
+
+
+def quiet_query_context_logs() -> None:
+    """PySpark logs every analysis error it raises as a JSON line with the JVM's stack trace
+    (its query-context loggers) before the error reaches us; ours is the one line. ``--verbose``
+    keeps them."""
+    from pyspark.logger import PySparkLogger
+
+    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+        PySparkLogger.getLogger(name).disabled = True
 
 
 _T0 = time.perf_counter()
@@ -80,6 +91,7 @@ def say_step(message: str) -> None:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(package_name="medallion", prog_name="medallion", message="%(prog)s %(version)s")
 @click.option("--verbose", "-v", is_flag=True, help="Show tracebacks and the pipeline's debug log.")
 @click.option("--lake-root", metavar="PATH", help="Override MEDALLION_LAKE_ROOT.")
 @click.option("--engine", type=click.Choice(["delta-rs", "delta-spark"]), help="Override MEDALLION_DELTA_ENGINE.")
@@ -109,26 +121,24 @@ def cli(
         overrides["lake_root"] = lake_root
     if engine:
         overrides["delta_engine"] = engine
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(verbose)
     ctx.obj = State(verbose, overrides)
 
 
-def apply_assignments(assignments: Sequence[str]) -> None:
-    """``--set a.b=v`` -> the environment variable ``MEDALLION_A__B=v``.
+def configure_logging(verbose: bool) -> None:
+    """Warnings only; with ``--verbose`` the pipeline's own loggers at debug level, with times.
+    Libraries (py4j, kafka, urllib3, ...) stay at warnings either way, or their debug output
+    would bury the pipeline's."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    logging.getLogger("medallion").setLevel(logging.DEBUG if verbose else logging.WARNING)
+    for noisy in ("py4j", "py4j.clientserver", "py4j.java_gateway"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
-    The environment is what settings already read, so an override merges into its section like
-    any variable would, and an error names the same variable.
-    """
+
+def apply_assignments(assignments: Sequence[str]) -> None:
+    """Each ``--set KEY=VALUE``, checked and put where settings read it (see :func:`assign`)."""
     for item in assignments:
-        key, sep, value = item.partition("=")
-        parts = [p.strip() for p in key.split(".")]
-        if not sep or not all(parts):
-            raise click.BadParameter(
-                f"{item!r} is not KEY=VALUE (a config key such as kafka.group_id)", param_hint="--set"
-            )
-        os.environ[env_name(tuple(parts))] = value
+        assign(item)
 
 
 # -- demo ---------------------------------------------------------------------------------------
@@ -291,13 +301,12 @@ def run(state: State, job: str, once: bool, interval: float, buckets: tuple[str,
     finishing the step under way.
     """
     chosen = _parse_buckets(buckets)
-    ctx = state.context(validates=True)
-    if chosen is not None:
-        bad = [b for b in chosen if b >= ctx.settings.buckets.count]
+    if chosen is not None:  # checked before Spark starts
+        count = state.settings.buckets.count
+        bad = [b for b in chosen if b >= count]
         if bad:
-            raise click.BadParameter(
-                f"bucket(s) {bad} outside 0..{ctx.settings.buckets.count - 1}", param_hint="--bucket"
-            )
+            raise click.BadParameter(f"bucket(s) {bad} outside 0..{count - 1}", param_hint="--bucket")
+    ctx = state.context(validates=True)
     steps = job_steps(job, chosen, drain)
     stop = threading.Event()
     if not once:
@@ -650,6 +659,13 @@ def validate(state: State, tables: tuple[str, ...], as_json: bool) -> None:
     Cross-table figures are checked too (gold against partials and the silver fan-out,
     ClickHouse against what was exported). Exits 1 when a `fail` expectation does not hold.
     """
+    from expectations.suites import SUITES
+
+    unknown = [t for t in tables if t not in SUITES]
+    if unknown:  # before Spark starts
+        raise click.BadParameter(
+            f"no suite for {', '.join(unknown)}; tables with suites: {', '.join(SUITES)}", param_hint="TABLE"
+        )
     from pipelines import quality
     from pipelines.eventlog import recorded
 
@@ -1065,17 +1081,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     except click.exceptions.Abort:
         err_console.print("aborted")
         sys.exit(130)
+    except click.UsageError as exc:  # one line, and where to read more
+        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
+        err_console.print(f"error: {exc.format_message()}{hint}", soft_wrap=True, markup=False)
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        exc.show()
+        err_console.print(f"error: {exc.format_message()}", soft_wrap=True, markup=False)
         sys.exit(exc.exit_code)
     except SettingsError as exc:
         for problem in exc.problems:
-            err_console.print(f"error: {problem}", soft_wrap=True)
+            err_console.print(f"error: {problem}", soft_wrap=True, markup=False)
         sys.exit(exc.exit_code)
     except MedallionError as exc:
         if verbose:
             traceback.print_exc()
-        err_console.print(f"error: {exc}", soft_wrap=True)
+        err_console.print(f"error: {exc}", soft_wrap=True, markup=False)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         err_console.print("interrupted")
@@ -1086,6 +1106,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         err_console.print(
             f"error: {type(exc).__name__}: {_first_line(exc)} (run with --verbose for the traceback)",
             soft_wrap=True,
+            markup=False,
         )
         sys.exit(1)
 

@@ -6,10 +6,12 @@ Precedence, highest first: explicit overrides (CLI flags), environment, ``.env``
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
 import tomllib
+import typing
 import warnings
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings import SettingsError as _PydanticSettingsError
 
@@ -391,13 +393,23 @@ def read_config_file(path: Path) -> dict[str, Any]:
     text = path.read_text(encoding="utf-8")
     try:
         data = tomllib.loads(text) if path.suffix.lower() == ".toml" else yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise SettingsError([f"{where}: cannot parse: {exc.problem or exc.context}"]) from exc
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
         first = str(exc).strip().splitlines()[0]
-        raise SettingsError([f"{CONFIG_ENV}: cannot parse {str(path)!r}: {first}"]) from exc
+        raise SettingsError([f"{path}: cannot parse: {first}"]) from exc
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise SettingsError([f"{CONFIG_ENV}: {str(path)!r} must hold a mapping of settings"])
+    unknown = [k for k in data if str(k) not in Settings.model_fields]
+    if unknown:
+        key = str(unknown[0])
+        os.environ.setdefault(CONFIG_ENV, str(path))
+        line = _config_line(key) if os.environ.get(CONFIG_ENV) == str(path) else None
+        raise SettingsError([f"{line or path}: {key}: {unknown_key(key)}"])
     return data
 
 
@@ -405,6 +417,91 @@ def env_name(loc: tuple[int | str, ...]) -> str:
     """The environment variable that sets the field at ``loc`` (``('gold','window')``)."""
     parts = [str(p) for p in loc if not isinstance(p, int)]
     return ENV_PREFIX + ENV_NESTED.join(p.upper() for p in parts)
+
+
+#: Environment variables set by ``--set``, and how the person wrote each (``--set gold.window=x``),
+#: so an error about one names what was typed, not the variable it became.
+ASSIGNED: dict[str, str] = {}
+
+
+def setting_keys(model: type[BaseModel] | None = None, prefix: str = "") -> list[str]:
+    """Every config key (``gold.window``), nested sections walked; maps and lists are leaves."""
+    model = model or Settings
+    keys = []
+    for name, info in model.model_fields.items():
+        sub = _section_of(info.annotation)
+        if sub is None:
+            keys.append(prefix + name)
+        else:
+            keys.extend(setting_keys(sub, f"{prefix}{name}."))
+    return keys
+
+
+def _section_of(annotation: Any) -> type[BaseModel] | None:
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+
+
+def _field(parts: Sequence[str]) -> Any:
+    """The field a config key names, or None."""
+    model: type[BaseModel] | None = Settings
+    info = None
+    for part in parts:
+        if model is None or part not in model.model_fields:
+            return None
+        info = model.model_fields[part]
+        model = _section_of(info.annotation)
+    return info
+
+
+def unknown_key(dotted: str) -> str | None:
+    """Why ``dotted`` names no setting, with the closest one, or None when it names one."""
+    parts = dotted.split(".")
+    model: type[BaseModel] | None = Settings
+    for i, part in enumerate(parts):
+        if model is None:  # below a map-valued setting (storage_options.X): any key
+            return None
+        if part not in model.model_fields:
+            break
+        model = _section_of(model.model_fields[part].annotation)
+        if i == len(parts) - 1:
+            return "a section, not a setting: name one of its keys" if model is not None else None
+    close = closest_key(dotted)
+    return "not a setting" + (f"; did you mean {close}?" if close else "")
+
+
+def closest_key(dotted: str) -> str | None:
+    """The config key or section most like ``dotted`` (a typo's likely meaning), if any is close."""
+    keys = setting_keys()
+    sections = {k.rsplit(".", 1)[0] for k in keys if "." in k}
+    close = difflib.get_close_matches(dotted, [*keys, *sections], n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def assign(item: str) -> None:
+    """``--set a.b=v``: the environment variable ``MEDALLION_A__B=v``, once the key is checked.
+
+    The environment is what settings already read, so an override merges into its section like
+    any variable would. A list setting also takes ``1,2`` (as well as JSON ``[1,2]``).
+    """
+    key, sep, value = item.partition("=")
+    key = key.strip()
+    parts = key.split(".")
+    if not sep or not all(p.strip() for p in parts):
+        raise SettingsError([f"--set {item}: not KEY=VALUE (a config key such as kafka.group_id=pods)"])
+    problem = unknown_key(key)
+    if problem:
+        raise SettingsError([f"--set {key}: {problem}"])
+    info = _field(parts)
+    if info is not None and _is_list(info.annotation) and not value.lstrip().startswith("["):
+        value = json.dumps([v.strip() for v in value.split(",") if v.strip()])
+    variable = env_name(tuple(parts))
+    os.environ[variable] = value
+    ASSIGNED[variable] = f"--set {key}={item.partition('=')[2]}"
+
+
+def _is_list(annotation: Any) -> bool:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return typing.get_origin(annotation) is list or any(typing.get_origin(a) is list for a in args)
 
 
 def _describe(error: dict[str, Any]) -> str:
@@ -421,11 +518,52 @@ def _describe(error: dict[str, Any]) -> str:
             dotted += f"[{p}]"
         elif not p.startswith("function-"):
             dotted += ("." if dotted else "") + p
+    variable = env_name(tuple(fields))
+    if error.get("type") == "extra_forbidden":
+        close = closest_key(dotted)
+        msg = "not a setting"
+        if close and variable in os.environ and variable not in ASSIGNED:
+            msg += f"; did you mean {env_name(tuple(close.split('.')))} ({close})?"
+        elif close:
+            msg += f"; did you mean {close}?"
     value = error.get("input")
     shown = ""
     if isinstance(value, str | int | float) and not re.search(r"password|secret", dotted):
         shown = f" (got {redact_url(str(value))!r})"
-    return f"{env_name(tuple(fields))}: {msg}{shown} [config key: {dotted}]"
+    if variable in ASSIGNED:
+        return f"{ASSIGNED[variable]}: {msg}"
+    if variable not in os.environ:
+        where = _config_line(dotted)
+        if where:
+            return f"{where}: {dotted}: {msg}{shown}"
+    return f"{variable}: {msg}{shown} [config key: {dotted}]"
+
+
+def _config_line(dotted: str) -> str | None:
+    """``file:line`` of ``dotted`` in the config file, when the file sets it."""
+    path = os.environ.get(CONFIG_ENV)
+    if not path or Path(path).suffix.lower() not in (".yaml", ".yml", ".json"):
+        return None
+    try:
+        node = yaml.compose(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+    line = None
+    for part in re.findall(r"[^.\[\]]+|\[\d+\]", dotted):
+        if isinstance(node, yaml.SequenceNode) and part.startswith("["):
+            index = int(part[1:-1])
+            if index >= len(node.value):
+                return None
+            node = node.value[index]
+        elif isinstance(node, yaml.MappingNode):
+            match = [(k, v) for k, v in node.value if k.value == part]
+            if not match:
+                return None
+            line = match[0][0].start_mark.line + 1
+            node = match[0][1]
+        else:
+            return None
+    return f"{path}:{line}" if line else None
 
 
 def load_settings(**overrides: Any) -> Settings:
