@@ -11,7 +11,7 @@ help: ## Show the targets
 
 $(BIN)/medallion: pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[local,dev]'
+	$(BIN)/pip install -q -c .ci/constraints.txt -e '.[local,dev]'
 	@touch $@
 
 .PHONY: install

@@ -75,10 +75,9 @@ def write_csv(figures: list[DedupFigure], path: Path) -> Path:
 
 
 def write_chart(figures: list[DedupFigure], path: Path, title: str) -> Path:
-    import matplotlib
+    from pipelines.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)

@@ -468,10 +468,9 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def chart(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
+    from pipelines.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(8, 4.5))

@@ -192,10 +192,9 @@ def ratios(ax: Any, result: dict[str, Any]) -> None:
 
 
 def charts(result: dict[str, Any], out: Path) -> list[Path]:
-    import matplotlib
+    from pipelines.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     paths = []
     # Stage names are long: the two per-stage charts get whole rows, the other three share one

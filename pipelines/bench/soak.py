@@ -150,10 +150,9 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def chart(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
+    from pipelines.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     samples = result["samples"]
     minutes = [s["seconds"] / 60 for s in samples]

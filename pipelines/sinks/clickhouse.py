@@ -6,6 +6,7 @@ The embedded engine holds one data path per process, so every use opens the clie
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -73,6 +74,11 @@ def connect(settings: Settings) -> Iterator[Any]:
 
     ch = settings.clickhouse
     dsn = ch.dsn or ""
+    if dsn.startswith("chdb://") and importlib.util.find_spec("chdb") is None:
+        raise ClickHouseError(
+            f"the embedded ClickHouse ({redact_url(dsn)}) needs chdb, which is not installed: "
+            "pip install 'medallion[local]', or set clickhouse.dsn to a ClickHouse server"
+        )
     try:
         if dsn.startswith("chdb://"):
             Path(dsn.removeprefix("chdb://")).mkdir(parents=True, exist_ok=True)
