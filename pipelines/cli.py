@@ -246,6 +246,31 @@ def print_summary(result: dict[str, Any]) -> None:
     console.print('Query them with: medallion sql "SELECT * FROM gold_property_values LIMIT 10"')
 
 
+# -- metrics ------------------------------------------------------------------------------------
+METRICS_PORT = click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    help="Serve Prometheus metrics on http://HOST:PORT/metrics (runs, rows, durations, lag, last success).",
+)
+METRICS_HOST = click.option(
+    "--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port."
+)
+
+
+def serve_metrics(port: int | None, host: str) -> None:
+    if port is None:
+        return
+    from pipelines import observability
+
+    try:
+        bound = observability.serve(port, host)
+    except OSError as exc:
+        raise click.BadParameter(
+            f"cannot listen on {host}:{port}: {exc.strerror}", param_hint="--metrics-port"
+        ) from None
+    say_step(f"metrics on http://{host}:{bound}/metrics")
+
+
 # -- run ----------------------------------------------------------------------------------------
 def _parse_buckets(values: Sequence[str]) -> list[int] | None:
     out: list[int] = []
@@ -290,8 +315,19 @@ def job_steps(job: str, buckets: list[int] | None, drain: bool = False) -> list[
 @click.option("--interval", default=30.0, show_default=True, help="Seconds between runs without --once.")
 @click.option("--bucket", "buckets", multiple=True, metavar="K[,K...]", help="Only these buckets (repeatable).")
 @click.option("--drain", is_flag=True, help="Treat every window as closed (end of a backfill).")
+@METRICS_PORT
+@METRICS_HOST
 @click.pass_obj
-def run(state: State, job: str, once: bool, interval: float, buckets: tuple[str, ...], drain: bool) -> None:
+def run(
+    state: State,
+    job: str,
+    once: bool,
+    interval: float,
+    buckets: tuple[str, ...],
+    drain: bool,
+    metrics_port: int | None,
+    metrics_host: str,
+) -> None:
     """Run a job incrementally: it reads only source commits it has not processed yet.
 
     JOB is one of silver, silver-events, silver-page-changes, gold, gold-partials, gold-merge,
@@ -306,6 +342,7 @@ def run(state: State, job: str, once: bool, interval: float, buckets: tuple[str,
         bad = [b for b in chosen if b >= count]
         if bad:
             raise click.BadParameter(f"bucket(s) {bad} outside 0..{count - 1}", param_hint="--bucket")
+    serve_metrics(metrics_port, metrics_host)
     ctx = state.context(validates=True)
     steps = job_steps(job, chosen, drain)
     stop = threading.Event()
@@ -349,8 +386,18 @@ def ingest_file(state: State, kind: str, paths: tuple[Path, ...]) -> None:
 @click.option("--topics", metavar="T[,T...]", help="Topics to consume (default: both configured topics).")
 @click.option("--max-batch", default=10_000, show_default=True, help="Messages per flush at most.")
 @click.option("--max-wait", default=5.0, show_default=True, help="Seconds before a partial batch is flushed.")
+@METRICS_PORT
+@METRICS_HOST
 @click.pass_obj
-def ingest_kafka(state: State, once: bool, topics: str | None, max_batch: int, max_wait: float) -> None:
+def ingest_kafka(
+    state: State,
+    once: bool,
+    topics: str | None,
+    max_batch: int,
+    max_wait: float,
+    metrics_port: int | None,
+    metrics_host: str,
+) -> None:
     """Consume Kafka as one member of the consumer group and land each batch exactly once.
 
     The offsets of each partition are recorded in the same Delta commit as its rows; on start
@@ -364,6 +411,7 @@ def ingest_kafka(state: State, once: bool, topics: str | None, max_batch: int, m
     if max_batch < 1 or max_wait <= 0:
         raise click.BadParameter("--max-batch must be >= 1 and --max-wait > 0")
     chosen = [t.strip() for t in topics.split(",") if t.strip()] if topics else None
+    serve_metrics(metrics_port, metrics_host)
     ctx = state.context(validates=True)
     # Start-up is over (Spark, and the gates' Great Expectations loading meanwhile): what is alive
     # now lives as long as the process, so the collections after each flush need not walk it.

@@ -29,6 +29,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from pipelines import observability
 from pipelines.storage import TableSpec, TableStore
 
 log = logging.getLogger("medallion")
@@ -121,7 +122,9 @@ def recorded(store: TableStore, job: str, run_id: str) -> Iterator[RunRecord]:
         error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         raise
     finally:
-        record.add(seconds=round(time.perf_counter() - t0, 3))
+        seconds = time.perf_counter() - t0
+        record.add(seconds=round(seconds, 3))
+        observability.observe(job, record.status, seconds, record.rows_in, record.rows_out, record.metrics)
         row = {
             "run_id": run_id,
             "job": job,

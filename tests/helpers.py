@@ -91,6 +91,29 @@ class RunningReceiver:
         finally:
             conn.close()
 
+    def scrape(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """``/metrics`` parsed: (sample name, sorted labels) -> value."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        status, body = self.get("/metrics")
+        assert status == 200
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(body.decode())
+            for s in family.samples
+        }
+
+    def metric(self, name: str, **labels: str) -> float:
+        """One sample of ``/metrics`` (0 when absent). Answers are counted as they are logged, just
+        after they are sent: a count asked for right after an answer waits for it briefly."""
+        key = (name, tuple(sorted(labels.items())))
+        deadline = time.monotonic() + 2
+        value = self.scrape().get(key, 0.0)
+        while not value and time.monotonic() < deadline:
+            time.sleep(0.05)
+            value = self.scrape().get(key, 0.0)
+        return value
+
     def samples(self) -> pa.Table:
         self.receiver.flush()
         return DeltaTable(str(self.lake / "bronze" / "samples")).to_pyarrow_table()

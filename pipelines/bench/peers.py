@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -23,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+
+from pipelines.services import free_port
 
 LOOPBACK = "127.0.0.1"
 
@@ -57,12 +58,6 @@ PROMETHEUS = PeerKind(
     "2xx: in the head block and its WAL, not fsynced per request",
 )
 PEERS = (VICTORIA_METRICS, PROMETHEUS)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
 
 
 class Peer:

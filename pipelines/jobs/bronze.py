@@ -239,6 +239,9 @@ def ingest_kafka(
             record.rows_in = result.messages
             record.rows_out = sum(result.landed.values())
             record.add(quarantined=result.quarantined, partitions=result.partitions)
+            stamps = [t for ms in by_topic.values() for m in ms if (t := getattr(m, "timestamp", None) or 0) > 0]
+            if stamps:  # the Kafka time of the newest message landed: its age is what an operator alerts on
+                record.add(newest_timestamp=max(stamps) / 1000)
             record.details = batch_id
             ctx.say(
                 f"kafka: {result.messages:,} messages from {result.partitions} partition(s) -> "

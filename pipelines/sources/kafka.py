@@ -33,6 +33,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from bronze.landing import LANDING_SCHEMA
 from pipelines.errors import InputError
+from pipelines.observability import KAFKA_LAG
 from pipelines.settings import KafkaSettings
 from pipelines.storage import AppTxn, TableSpec, TableStore
 from pipelines.storage.base import conform
@@ -324,6 +325,9 @@ class KafkaIngestor:
                     if messages:
                         self._pending[(tp.topic, tp.partition)].extend(messages)
                         last_activity = time.monotonic()
+                        end = consumer.highwater(tp)  # from the fetch that brought these: no request
+                        if end is not None:
+                            KAFKA_LAG.labels(tp.topic, str(tp.partition)).set(max(0, end - messages[-1].offset - 1))
                 self._finish_inflight(consumer, wait=False)
                 full = self._pending_count() >= self.max_batch
                 due = time.monotonic() - last_flush >= self.max_wait

@@ -16,16 +16,20 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import queue
 import re
+import shutil
 import signal
 import socket
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pipelines.errors import MedallionError
+from pipelines.observability import multiprocess_dir
 from pipelines.settings import Settings
 from pipelines.sources.remote_write_server import Receiver, address_family, serve
 from pipelines.storage import TableStore, open_store
@@ -131,11 +135,19 @@ def _run_children(
     started = spawn.Queue()
     children: list[Any] = []
     stopped_early: list[str] = []
+    # The children's metrics go to one folder, and each child's /metrics sums it, so a scrape sees
+    # the whole receiver whichever process answers. Only the children see the folder's name.
+    metrics = multiprocess_dir(Path(tempfile.gettempdir()) / "medallion-metrics")
     try:
-        for i in range(processes):
-            child = spawn.Process(target=_serve_one, args=(settings, host, port, i, started), name=f"remote-write-{i}")
-            child.start()
-            children.append(child)
+        try:
+            for i in range(processes):
+                child = spawn.Process(
+                    target=_serve_one, args=(settings, host, port, i, started), name=f"remote-write-{i}"
+                )
+                child.start()
+                children.append(child)
+        finally:
+            os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
         waiting = set(range(processes))
         while waiting and all(c.is_alive() for c in children) and not stop.is_set():
             try:
@@ -158,6 +170,7 @@ def _run_children(
                 child.kill()
                 child.join()
         started.close()
+        shutil.rmtree(metrics, ignore_errors=True)
     failed = {c.name: c.exitcode for c in children if c.name in stopped_early or c.exitcode not in (0, -signal.SIGTERM)}
     for child in children:
         child.close()

@@ -35,7 +35,6 @@ import logging
 import socket
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -48,9 +47,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, Histogram
+from prometheus_client import Counter as PromCounter
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from bronze.samples import BRONZE_SAMPLES_SCHEMA
+from pipelines import observability
 from pipelines.settings import RemoteWriteSettings
 from pipelines.sources import remote_write as codec
 from pipelines.sources.wal import WalFullError, WriteAheadLog
@@ -74,19 +76,46 @@ class Response:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass
 class Metrics:
-    """Counters for ``/metrics``; guarded by one lock (updates are tiny)."""
+    """The receiver's metrics (prometheus_client), in a registry of its own. With several receiver
+    processes their values go to the shared multiprocess folder, and ``/metrics`` sums them."""
 
-    requests: Counter[tuple[str, int]] = field(default_factory=Counter)
-    samples_accepted: int = 0
-    samples_rejected: int = 0
-    flushes: int = 0
-    flush_errors: int = 0
-    flush_seconds_sum: float = 0.0
-    flush_seconds_last: float = 0.0
-    rows_flushed: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = PromCounter(
+            "medallion_remote_write_requests", "Requests by path and status code.", ["path", "code"], registry=r
+        )
+        self.samples_accepted = PromCounter(
+            "medallion_remote_write_samples_accepted", "Samples made durable.", registry=r
+        )
+        self.bodies_rejected = PromCounter(
+            "medallion_remote_write_bodies_rejected", "Bodies refused after reading (kept in quarantine).", registry=r
+        )
+        self.flush_seconds = Histogram(
+            "medallion_remote_write_flush_seconds", "Time to write a batch to Delta.", registry=r, buckets=FLUSH_BUCKETS
+        )
+        self.flush_errors = PromCounter(
+            "medallion_remote_write_flush_errors", "Flushes that failed and were retried.", registry=r
+        )
+        self.rows_flushed = PromCounter("medallion_remote_write_rows_flushed", "Rows written to Delta.", registry=r)
+        self.queue_bytes = observability.gauge(
+            "medallion_remote_write_queue_bytes", "Bytes in the write-ahead log not yet in Delta.", r
+        )
+        self.queue_segments = observability.gauge(
+            "medallion_remote_write_queue_segments", "Log segments not yet in Delta.", r
+        )
+        self.last_flush = Gauge(
+            "medallion_remote_write_last_flush_timestamp_seconds",
+            "When a flush to Delta last succeeded.",
+            registry=r,
+            multiprocess_mode="max",
+        )
+
+    def text(self) -> bytes:
+        return observability.exposition(self.registry)
+
+
+FLUSH_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
 #: What the write-ahead log holds per request: the decoded series (:data:`codec.SERIES_SCHEMA`)
@@ -254,13 +283,12 @@ class Receiver:
         except OSError as exc:
             log.error("cannot write the write-ahead log: %s", exc)
             return Response(503, b"cannot store samples now\n", {"Retry-After": str(RETRY_AFTER_SECONDS)})
-        with self.metrics.lock:
-            self.metrics.samples_accepted += samples
+        self.metrics.samples_accepted.inc(samples)
+        self._queue_changed()
         return Response(204)
 
     def _quarantine(self, body: bytes, reason: str, source: str, now: datetime, batch_id: str) -> None:
-        with self.metrics.lock:
-            self.metrics.samples_rejected += 1
+        self.metrics.bodies_rejected.inc()
         row = {
             "kind": "remote_write",
             "raw": body,
@@ -306,11 +334,10 @@ class Receiver:
                         self.wal.remove(segments)
                         elapsed = time.perf_counter() - t0
                         written += table.num_rows
-                        with self.metrics.lock:
-                            self.metrics.flushes += 1
-                            self.metrics.rows_flushed += table.num_rows
-                            self.metrics.flush_seconds_sum += elapsed
-                            self.metrics.flush_seconds_last = elapsed
+                        self.metrics.rows_flushed.inc(table.num_rows)
+                        self.metrics.flush_seconds.observe(elapsed)
+                        self.metrics.last_flush.set_to_current_time()
+            self._queue_changed()
             return written
 
     def flush_loop(self, stop: threading.Event) -> None:
@@ -334,48 +361,17 @@ class Receiver:
             self.healthy, self.last_error = True, None
         except Exception as exc:  # keep serving; segments stay on disk and are retried
             self.healthy, self.last_error = False, str(exc)
-            with self.metrics.lock:
-                self.metrics.flush_errors += 1
+            self.metrics.flush_errors.inc()
             log.error("flush to Delta failed (will retry): %s", exc)
 
     # -- observability --------------------------------------------------------------------------
-    def metrics_text(self) -> str:
-        m = self.metrics
-        with m.lock:
-            lines = [
-                "# HELP medallion_remote_write_requests_total Requests by path and status code.",
-                "# TYPE medallion_remote_write_requests_total counter",
-                *[
-                    f'medallion_remote_write_requests_total{{path="{p}",code="{c}"}} {n}'
-                    for (p, c), n in sorted(m.requests.items())
-                ],
-                "# HELP medallion_remote_write_samples_accepted_total Samples made durable.",
-                "# TYPE medallion_remote_write_samples_accepted_total counter",
-                f"medallion_remote_write_samples_accepted_total {m.samples_accepted}",
-                "# HELP medallion_remote_write_bodies_rejected_total Bodies that could not be decoded.",
-                "# TYPE medallion_remote_write_bodies_rejected_total counter",
-                f"medallion_remote_write_bodies_rejected_total {m.samples_rejected}",
-                "# HELP medallion_remote_write_queue_bytes Bytes in the write-ahead log not yet in Delta.",
-                "# TYPE medallion_remote_write_queue_bytes gauge",
-                f"medallion_remote_write_queue_bytes {self.wal.pending_bytes}",
-                "# HELP medallion_remote_write_queue_segments Segments not yet in Delta.",
-                "# TYPE medallion_remote_write_queue_segments gauge",
-                f"medallion_remote_write_queue_segments {len(self.wal.segments())}",
-                "# HELP medallion_remote_write_flush_seconds Time to write a batch to Delta.",
-                "# TYPE medallion_remote_write_flush_seconds summary",
-                f"medallion_remote_write_flush_seconds_sum {m.flush_seconds_sum:.6f}",
-                f"medallion_remote_write_flush_seconds_count {m.flushes}",
-                "# HELP medallion_remote_write_flush_last_seconds Time the last flush took.",
-                "# TYPE medallion_remote_write_flush_last_seconds gauge",
-                f"medallion_remote_write_flush_last_seconds {m.flush_seconds_last:.6f}",
-                "# HELP medallion_remote_write_flush_errors_total Flushes that failed and were retried.",
-                "# TYPE medallion_remote_write_flush_errors_total counter",
-                f"medallion_remote_write_flush_errors_total {m.flush_errors}",
-                "# HELP medallion_remote_write_rows_flushed_total Rows written to Delta.",
-                "# TYPE medallion_remote_write_rows_flushed_total counter",
-                f"medallion_remote_write_rows_flushed_total {m.rows_flushed}",
-            ]
-        return "\n".join(lines) + "\n"
+    def _queue_changed(self) -> None:
+        self.metrics.queue_bytes.set(self.wal.pending_bytes)
+        self.metrics.queue_segments.set(len(self.wal.segments()))
+
+    def metrics_text(self) -> bytes:
+        self._queue_changed()
+        return self.metrics.text()
 
     def close(self) -> None:
         self.wal.close()
@@ -402,8 +398,7 @@ def _counting_log(receiver: Receiver) -> type[AbstractAccessLogger]:
 
     class CountingLog(AbstractAccessLogger):
         def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
-            with receiver.metrics.lock:
-                receiver.metrics.requests[(_metric_path(request.path), response.status)] += 1
+            receiver.metrics.requests.labels(_metric_path(request.path), str(response.status)).inc()
             if log.isEnabledFor(logging.DEBUG):
                 log.debug(
                     "%s %s %s -> %d (%.3f s)", request.remote, request.method, request.path, response.status, time
@@ -455,7 +450,8 @@ def application(receiver: Receiver, pool: ThreadPoolExecutor) -> web.Application
         raise web.HTTPMethodNotAllowed(request.method, ["POST", "PUT"])
 
     async def metrics(request: web.Request) -> web.Response:
-        return web.Response(body=receiver.metrics_text().encode(), content_type="text/plain", charset="utf-8")
+        body = await asyncio.get_running_loop().run_in_executor(pool, receiver.metrics_text)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(request: web.Request) -> web.Response:
         if receiver.healthy:

@@ -144,3 +144,19 @@ def test_a_sql_error_is_one_line_with_no_jvm_stack_trace(tmp_path: Path) -> None
     assert len(errors) == 1, out.stderr
     assert "TABLE_OR_VIEW_NOT_FOUND" in errors[0] and "nope" in errors[0]
     assert "at org.apache" not in out.stderr and "SQLQueryContextLogger" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize(("command", "help_of"), [(["run", "silver"], "run"), (["ingest", "kafka"], "ingest kafka")])
+def test_a_metrics_port_in_use_is_refused_before_spark_starts(tmp_path: Path, command: list[str], help_of: str) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = medallion(*command, "--metrics-port", str(port), cwd=tmp_path)
+    assert one_error(out) == (
+        f"error: Invalid value for --metrics-port: cannot listen on 127.0.0.1:{port}: Address already in use "
+        f"(see 'medallion {help_of} --help')"
+    )
+    assert "starting Spark" not in out.stderr

@@ -20,6 +20,7 @@ from pyspark.sql import SparkSession
 from pipelines import jobs, synthetic
 from pipelines.fixtures import PAGE_CHANGE_FILES
 from pipelines.runner import Context
+from pipelines.services import free_port
 from pipelines.settings import load_settings
 from pipelines.sources.kafka import app_id
 from pipelines.storage import open_store
@@ -33,6 +34,21 @@ pytestmark = pytest.mark.integration
 def events(n: int, seed: int = 3) -> list[bytes]:
     spec = synthetic.EventsSpec(events=n, teams=20, seed=seed)
     return [json.dumps(e, separators=(",", ":")).encode() for e in synthetic.generate_events(spec)]
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """A /metrics page parsed: (sample name, sorted labels) -> value."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def table(lake: Path, key: str) -> pa.Table:
@@ -186,7 +202,9 @@ def test_without_once_it_runs_until_sigterm_and_finishes_its_batch(kafka_broker:
     kafka_broker.produce(ev, first)
     lake = tmp_path / "lake"
     env = {**os.environ, **settings_env(kafka_broker, lake, ev, unique_name("unused"), group)}
+    port = free_port()
     cmd = [sys.executable, "-m", "pipelines.cli", "ingest", "kafka", "--topics", ev, "--max-wait", "1"]
+    cmd += ["--metrics-port", str(port)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 90
@@ -198,6 +216,17 @@ def test_without_once_it_runs_until_sigterm_and_finishes_its_batch(kafka_broker:
         while table(lake, "bronze/events").num_rows < 800:
             assert time.monotonic() < deadline, "new messages were not picked up"
             time.sleep(1)
+        # What an operator scrapes while it runs: every row landed, no lag, the newest row's time.
+        scraped = scrape(f"http://127.0.0.1:{port}/metrics")
+        assert scraped[("medallion_job_rows_out_total", (("job", "ingest.kafka"),))] == 800
+        assert scraped[("medallion_job_rows_quarantined_total", (("job", "ingest.kafka"),))] == 0
+        assert scraped[("medallion_job_runs_total", (("job", "ingest.kafka"), ("status", "ok")))] >= 2
+        assert scraped[("medallion_job_duration_seconds_count", (("job", "ingest.kafka"),))] >= 2
+        lags = {labels: v for (name, labels), v in scraped.items() if name == "medallion_kafka_consumer_lag"}
+        assert lags == {(("partition", "0"), ("topic", ev)): 0.0, (("partition", "1"), ("topic", ev)): 0.0}
+        newest = scraped[("medallion_newest_row_timestamp_seconds", (("job", "ingest.kafka"),))]
+        assert time.time() - 120 < newest <= time.time()  # the broker stamped them as they were produced
+        assert time.time() - 120 < scraped[("medallion_job_last_success_timestamp_seconds", (("job", "ingest.kafka"),))]
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
     finally:

@@ -190,13 +190,17 @@ def test_acknowledged_samples_survive_a_crash_before_the_flush(tmp_path: Path, f
 def test_metrics_and_healthz(server: RunningReceiver) -> None:
     server.post(codec.encode(SERIES), PROM_HEADERS)
     server.post(b"junk", PROM_HEADERS)
-    status, text = server.get("/metrics")
-    assert status == 200
-    body = text.decode()
-    assert "medallion_remote_write_samples_accepted_total 3" in body
-    assert 'medallion_remote_write_requests_total{path="/api/v1/write",code="204"} 1' in body
-    assert 'medallion_remote_write_requests_total{path="/api/v1/write",code="400"} 1' in body
-    assert "medallion_remote_write_queue_bytes" in body and "medallion_remote_write_flush_seconds_count" in body
+    assert server.metric("medallion_remote_write_samples_accepted_total") == 3
+    assert server.metric("medallion_remote_write_bodies_rejected_total") == 1
+    assert server.metric("medallion_remote_write_requests_total", path="/api/v1/write", code="204") == 1
+    assert server.metric("medallion_remote_write_requests_total", path="/api/v1/write", code="400") == 1
+    scraped = server.scrape()
+    assert scraped[("medallion_remote_write_queue_bytes", ())] > 0  # both bodies wait in the log
+    assert scraped[("medallion_remote_write_queue_segments", ())] == 2
+    server.receiver.flush()
+    assert server.metric("medallion_remote_write_rows_flushed_total") == 4  # 3 samples, 1 quarantined body
+    assert server.metric("medallion_remote_write_flush_seconds_count") == 2  # the samples and the quarantine
+    assert server.scrape()[("medallion_remote_write_queue_bytes", ())] == 0
     assert server.get("/healthz") == (200, b"ok\n")
 
 
