@@ -124,7 +124,10 @@ def recorded(store: TableStore, job: str, run_id: str) -> Iterator[RunRecord]:
     finally:
         seconds = time.perf_counter() - t0
         record.add(seconds=round(seconds, 3))
-        observability.observe(job, record.status, seconds, record.rows_in, record.rows_out, record.metrics)
+        try:
+            observability.observe(job, record.status, seconds, record.rows_in, record.rows_out, record.metrics)
+        except Exception:  # metrics must never hide the job's own outcome either
+            log.exception("could not count the run of %s in the metrics", job)
         row = {
             "run_id": run_id,
             "job": job,
