@@ -40,3 +40,13 @@ def test_exactly_once_says_what_it_covers_and_what_it_does_not() -> None:
     for covered in ("**Kafka**", "**Files**", "**Remote write**"):
         assert covered in section
     assert "does **not** cover" in section and "`uuid`" in section
+
+
+def test_the_tables_page_lists_every_table() -> None:
+    import pipelines.tables as tables
+    from pipelines.storage.base import TableSpec
+
+    text = (DOCS / "tables.md").read_text()
+    keys = sorted(v.key for v in vars(tables).values() if isinstance(v, TableSpec))
+    assert len(keys) >= 21
+    assert [k for k in keys if f"| `{k}` |" not in text] == []
