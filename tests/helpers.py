@@ -203,3 +203,21 @@ class ReceiverCommand:
     def __del__(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def run_medallion(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``medallion ARGS`` in a process of its own, with no MEDALLION_* variable but ``env``'s, and
+    this checkout's code (whatever the working folder)."""
+    repo = Path(__file__).resolve().parents[1]
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MEDALLION_")} | (env or {})
+    full_env["PYTHONPATH"] = os.pathsep.join([str(repo), full_env.get("PYTHONPATH", "")])
+    return subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+        timeout=180,
+    )

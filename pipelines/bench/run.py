@@ -777,6 +777,17 @@ def buffer_growth(b: Bench, w: Workload) -> list[dict[str, Any]]:
 NOT_SCALED = ("peer", plain.PREFIX, GATES_OFF, "remote", "Kafka", "end", "samples")
 
 
+def ingest_stages(b: Bench, w: Workload) -> None:
+    """Kafka and remote write into bronze, each beside its peers."""
+    b.say("Kafka -> bronze")
+    kafka_stage(b, w)
+    b.say("remote write")
+    remote_write_stage(b, w)
+    remote_write_processes_stage(b, w)
+    b.say("remote write beside VictoriaMetrics and Prometheus")
+    remote_write_peers_stage(b, w)
+
+
 def run_ingest(
     size_name: str, out: Path, spark: SparkSession, repeats: int = 3, say: Callable[[str], None] = print
 ) -> dict[str, Any]:
@@ -795,13 +806,7 @@ def run_ingest(
     say(f"bench {size.name}, ingest stages: generating the remote-write bodies")
     bodies, samples = remote_write_bodies(size)
     w = Workload(size, out / "work" / "data", 0, [], [], bodies, samples)
-    say("Kafka -> bronze")
-    kafka_stage(b, w)
-    say("remote write")
-    remote_write_stage(b, w)
-    remote_write_processes_stage(b, w)
-    say("remote write beside VictoriaMetrics and Prometheus")
-    remote_write_peers_stage(b, w)
+    ingest_stages(b, w)
     result = {
         "size": size.name,
         "only": "ingest",
@@ -864,13 +869,7 @@ def run_bench(
         spark_dedup_peer(b, ctx)
         plain.measure(b, ctx, CHAIN_STAGES, files={"files -> bronze (events)": w.chain_files()})
         plain.sum_of(b, END_TO_END, EVENT_PATH)
-        say("Kafka -> bronze")
-        kafka_stage(b, w)
-        say("remote write")
-        remote_write_stage(b, w)
-        remote_write_processes_stage(b, w)
-        say("remote write beside VictoriaMetrics and Prometheus")
-        remote_write_peers_stage(b, w)
+        ingest_stages(b, w)
         say("metric panes: tumbling vs sliding")
         metric_panes_stage(b, w)
         if size.name != "S":  # minutes per rate: not in the S run CI makes

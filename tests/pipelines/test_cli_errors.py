@@ -4,30 +4,13 @@ it, and what they probably meant; arguments refused before Spark starts; no JVM 
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
-import sys
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def medallion(
-    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MEDALLION_")} | (env or {})
-    full_env["PYTHONPATH"] = os.pathsep.join([str(REPO), full_env.get("PYTHONPATH", "")])
-    return subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", *args],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        cwd=cwd,
-        timeout=180,
-    )
+from tests.helpers import run_medallion
 
 
 def one_error(out: subprocess.CompletedProcess[str], code: int = 2) -> str:
@@ -38,7 +21,7 @@ def one_error(out: subprocess.CompletedProcess[str], code: int = 2) -> str:
 
 
 def test_version() -> None:
-    out = medallion("--version")
+    out = run_medallion("--version")
     assert (out.returncode, out.stdout) == (0, f"medallion {version('medallion')}\n")
 
 
@@ -53,20 +36,20 @@ def test_version() -> None:
     ],
 )
 def test_a_bad_set_names_the_key_as_typed_and_the_closest_one(tmp_path: Path, assignment: str, error: str) -> None:
-    assert one_error(medallion("--set", assignment, "settings", cwd=tmp_path)) == error
+    assert one_error(run_medallion("--set", assignment, "settings", cwd=tmp_path)) == error
 
 
 @pytest.mark.parametrize("value", ["1,2", "1, 2", "[1,2]"])
 def test_a_list_setting_takes_commas_or_json(tmp_path: Path, value: str) -> None:
     import json
 
-    out = medallion("--set", f"gold.teams.allow={value}", "settings", cwd=tmp_path)
+    out = run_medallion("--set", f"gold.teams.allow={value}", "settings", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["gold"]["teams"]["allow"] == [1, 2]
 
 
 def test_a_mistyped_variable_is_named_with_the_variable_it_likely_meant(tmp_path: Path) -> None:
-    out = medallion("settings", env={"MEDALLION_KAFKA__GRP_ID": "x"}, cwd=tmp_path)
+    out = run_medallion("settings", env={"MEDALLION_KAFKA__GRP_ID": "x"}, cwd=tmp_path)
     assert one_error(out) == (
         "error: MEDALLION_KAFKA__GRP_ID: not a setting; did you mean MEDALLION_KAFKA__GROUP_ID (kafka.group_id)? "
         "(got 'x') [config key: kafka.grp_id]"
@@ -88,7 +71,7 @@ def test_a_mistyped_variable_is_named_with_the_variable_it_likely_meant(tmp_path
 def test_a_bad_config_file_names_its_path_and_line(tmp_path: Path, text: str, error: str) -> None:
     path = tmp_path / "medallion.yaml"
     path.write_text(text)
-    out = medallion("settings", env={"MEDALLION_CONFIG": str(path)}, cwd=tmp_path)
+    out = run_medallion("settings", env={"MEDALLION_CONFIG": str(path)}, cwd=tmp_path)
     assert one_error(out) == "error: " + error.format(path=path)
 
 
@@ -111,7 +94,7 @@ def test_a_bad_config_file_names_its_path_and_line(tmp_path: Path, text: str, er
 def test_arguments_are_refused_in_one_line_before_spark_starts(
     tmp_path: Path, args: list[str], error: str | None
 ) -> None:
-    out = medallion(*args, cwd=tmp_path)
+    out = run_medallion(*args, cwd=tmp_path)
     line = one_error(out)
     assert "starting Spark" not in out.stderr
     if error is not None:
@@ -138,7 +121,7 @@ def test_verbose_turns_on_the_pipelines_loggers_and_leaves_py4j_at_warnings() ->
 
 @pytest.mark.slow
 def test_a_sql_error_is_one_line_with_no_jvm_stack_trace(tmp_path: Path) -> None:
-    out = medallion("--lake-root", str(tmp_path / "lake"), "sql", "SELECT * FROM nope", cwd=tmp_path)
+    out = run_medallion("--lake-root", str(tmp_path / "lake"), "sql", "SELECT * FROM nope", cwd=tmp_path)
     assert out.returncode == 1, out.stderr
     errors = [line for line in out.stderr.splitlines() if "error" in line.lower() or "exception" in line.lower()]
     assert len(errors) == 1, out.stderr
@@ -154,7 +137,7 @@ def test_a_metrics_port_in_use_is_refused_before_spark_starts(tmp_path: Path, co
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        out = medallion(*command, "--metrics-port", str(port), cwd=tmp_path)
+        out = run_medallion(*command, "--metrics-port", str(port), cwd=tmp_path)
     assert one_error(out) == (
         f"error: Invalid value for --metrics-port: cannot listen on 127.0.0.1:{port}: Address already in use "
         f"(see 'medallion {help_of} --help')"

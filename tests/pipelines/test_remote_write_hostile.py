@@ -66,38 +66,36 @@ def metric(server: RunningReceiver, path: str, code: int) -> int:
 
 def closed_by_peer(sock: socket.socket, within_s: float) -> bytes | None:
     """What ``sock`` received before the server closed it, or None if it stayed open ``within_s``."""
-    sock.settimeout(0.2)
-    got = b""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            chunk = sock.recv(65536)
-        except TimeoutError:
-            continue
-        except ConnectionResetError:
-            return got
-        if not chunk:
-            return got
-        got += chunk
-    return None
+    got, closed = read(sock, within_s, quiet_s=None)
+    return got if closed else None
 
 
 def raw_exchange(port: int, data: bytes, timeout_s: float = 5) -> bytes:
     """Send ``data`` on a fresh connection, then read until the server closes it or goes quiet."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
         sock.sendall(data)
-        sock.settimeout(1.0)
-        got = b""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                chunk = sock.recv(65536)
-            except TimeoutError:
-                break
-            if not chunk:
-                break
-            got += chunk
-        return got
+        return read(sock, timeout_s, quiet_s=1.0)[0]
+
+
+def read(sock: socket.socket, within_s: float, quiet_s: float | None) -> tuple[bytes, bool]:
+    """What ``sock`` receives within ``within_s`` (or until nothing comes for ``quiet_s``), and
+    whether the server closed it."""
+    sock.settimeout(quiet_s or 0.2)
+    got = b""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            if quiet_s is not None:
+                return got, False
+            continue
+        except ConnectionResetError:
+            return got, True
+        if not chunk:
+            return got, True
+        got += chunk
+    return got, False
 
 
 # -- slow, stalled and idle connections --------------------------------------------------------------

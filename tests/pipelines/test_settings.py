@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -9,6 +8,7 @@ import pytest
 
 from pipelines.errors import SettingsError
 from pipelines.settings import load_settings
+from tests.helpers import run_medallion
 
 
 @pytest.fixture(autouse=True)
@@ -110,17 +110,7 @@ def test_secrets_are_masked(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    import os
-
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MEDALLION_")} | (env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", *args],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        cwd=cwd,
-        timeout=120,
-    )
+    return run_medallion(*args, env=env, cwd=cwd)
 
 
 def test_cli_exits_2_with_one_line_per_bad_setting(tmp_path: Path) -> None:
