@@ -50,3 +50,11 @@ def test_the_tables_page_lists_every_table() -> None:
     keys = sorted(v.key for v in vars(tables).values() if isinstance(v, TableSpec))
     assert len(keys) >= 21
     assert [k for k in keys if f"| `{k}` |" not in text] == []
+
+
+def test_the_performance_page_shows_current_results_not_their_history() -> None:
+    text = (DOCS / "performance.md").read_text()
+    for section in ("## How to reproduce", "## How to read the peers", "## Current results"):
+        assert section in text, section
+    for history in ("How it got here", "What bought it", "What each change bought", "starting point", "| before |"):
+        assert history not in text, history
