@@ -230,7 +230,6 @@ class RemoteWriteSettings(_Section):
         """What one request may hold, for the codec."""
         epoch = datetime(1970, 1, 1, tzinfo=UTC)
         return RemoteWriteLimits(
-            max_decoded_bytes=self.max_decoded_bytes,
             max_series=self.max_series_per_request,
             max_samples=self.max_samples_per_request,
             max_labels_per_series=self.max_labels_per_series,

@@ -93,15 +93,14 @@ MAX_TIMESTAMP_MS = (2**63 - 1) // 1_000_000
 class Limits:
     """What one request may hold; anything over a limit is refused whole, never truncated.
 
-    The defaults are VictoriaMetrics' where it has one (``-maxInsertRequestSize``,
-    ``-maxLabelsPerTimeseries``, ``-maxLabelNameLen``, ``-maxLabelValueLen``); Prometheus' receiver
-    sets none. Series and samples per request have no default in either: 100,000 series and
-    1,000,000 samples are 10x and 100x what vmagent (``-remoteWrite.maxRowsPerBlock``) and
-    Prometheus (``max_samples_per_send``) send by default. Timestamps default to 1970-01-01 ..
-    2262-04-11, the range a nanosecond timestamp holds.
+    The decoded size is bounded by :func:`decompress` (its ``max_decoded_bytes``). The defaults
+    are VictoriaMetrics' where it has one (``-maxLabelsPerTimeseries``, ``-maxLabelNameLen``,
+    ``-maxLabelValueLen``); Prometheus' receiver sets none. Series and samples per request have
+    no default in either: 100,000 series and 1,000,000 samples are 10x and 100x what vmagent
+    (``-remoteWrite.maxRowsPerBlock``) and Prometheus (``max_samples_per_send``) send by default.
+    Timestamps default to 1970-01-01 .. 2262-04-11, the range a nanosecond timestamp holds.
     """
 
-    max_decoded_bytes: int = 32 * 1024 * 1024
     max_series: int = 100_000
     max_samples: int = 1_000_000
     max_labels_per_series: int = 30
@@ -233,12 +232,18 @@ def check_shape(raw: bytes, limits: Limits) -> None:
             raise
         raise UndecodableBody(f"body is not a prometheus.WriteRequest: {exc}") from exc
     series = batch.column(0).flatten()
-    if len(series) > limits.max_series:
-        raise BodyTooLarge(f"request holds {len(series)} series; the limit is {limits.max_series}")
-    samples = pc.sum(pc.list_value_length(series.field("samples"))).as_py() or 0
-    if samples > limits.max_samples:
-        raise BodyTooLarge(f"request holds {samples} samples; the limit is {limits.max_samples}")
-    most = pc.max(pc.list_value_length(series.field("labels"))).as_py() or 0
+    _check_counts(series.field("labels"), series.field("samples"), limits)
+
+
+def _check_counts(labels: pa.ListArray, samples: pa.ListArray, limits: Limits) -> None:
+    """413 for more series, samples, or labels in a series, than ``limits`` allow; ``labels`` and
+    ``samples`` hold one list per series."""
+    if len(labels) > limits.max_series:
+        raise BodyTooLarge(f"request holds {len(labels)} series; the limit is {limits.max_series}")
+    count = pc.sum(pc.list_value_length(samples)).as_py() or 0
+    if count > limits.max_samples:
+        raise BodyTooLarge(f"request holds {count} samples; the limit is {limits.max_samples}")
+    most = pc.max(pc.list_value_length(labels)).as_py() or 0
     if most > limits.max_labels_per_series:
         raise BodyTooLarge(f"a series has {most} labels; the limit is {limits.max_labels_per_series}")
 
@@ -246,12 +251,9 @@ def check_shape(raw: bytes, limits: Limits) -> None:
 def check_values(series: pa.Table, limits: Limits) -> None:
     """Refuse a parsed request (:data:`SERIES_SCHEMA`) whose labels exceed ``limits`` (413) or whose
     timestamps fall outside them (400, naming the range)."""
-    if len(series) > limits.max_series:
-        raise BodyTooLarge(f"request holds {len(series)} series; the limit is {limits.max_series}")
     labels = series.column("labels").combine_chunks()
-    most = pc.max(pc.list_value_length(labels)).as_py() or 0
-    if most > limits.max_labels_per_series:
-        raise BodyTooLarge(f"a series has {most} labels; the limit is {limits.max_labels_per_series}")
+    timestamps_by_series = series.column("timestamps_ms").combine_chunks()
+    _check_counts(labels, timestamps_by_series, limits)
     names, values = labels.flatten().flatten()
     for what, strings, limit in (
         ("name", names, limits.max_label_name_bytes),
@@ -260,9 +262,7 @@ def check_values(series: pa.Table, limits: Limits) -> None:
         longest = pc.max(pc.binary_length(strings)).as_py() or 0
         if longest > limit:
             raise BodyTooLarge(f"a label {what} is {longest} bytes long; the limit is {limit} bytes")
-    timestamps = series.column("timestamps_ms").combine_chunks().flatten()
-    if len(timestamps) > limits.max_samples:
-        raise BodyTooLarge(f"request holds {len(timestamps)} samples; the limit is {limits.max_samples}")
+    timestamps = timestamps_by_series.flatten()
     if len(timestamps):
         low, high = (v.as_py() for v in pc.min_max(timestamps).values())
         if low < limits.min_timestamp_ms or high > limits.max_timestamp_ms:
