@@ -217,17 +217,6 @@ class Receiver:
         self._flush_lock = threading.Lock()
 
     # -- requests -------------------------------------------------------------------------------
-    def handle_write(self, query: Mapping[str, Any], headers: Any, read_body: Callable[[int], bytes]) -> Response:
-        """One write request, with a blocking body reader (for callers outside the server)."""
-        early = self.preflight(query, headers)
-        if early is not None:
-            return early
-        length = int(headers["Content-Length"])
-        body = read_body(length)
-        if len(body) != length:
-            return Response(400, b"body shorter than Content-Length\n", {"Connection": "close"})
-        return self.accept(body, headers)
-
     def preflight(self, query: Mapping[str, Any], headers: Any) -> Response | None:
         """The answer a write gets from its head alone (probe, protocol, encoding, length, a full
         queue), or None when its body is to be read and passed to :meth:`accept`."""
@@ -255,9 +244,7 @@ class Receiver:
             return Response(400, b"bad Content-Length\n", {"Connection": "close"})
         if length > self.settings.max_body_bytes:
             return Response(413, f"body over {self.settings.max_body_bytes} bytes\n".encode())
-        # An empty log takes any body within max_body_bytes, so no body waits forever.
-        pending = self.wal.pending_bytes
-        if pending and pending + length > self.settings.max_pending_bytes:
+        if not self.wal.has_room(length):
             return Response(429, b"write queue is full\n", {"Retry-After": str(RETRY_AFTER_SECONDS)})
         return None
 
@@ -367,7 +354,7 @@ class Receiver:
     # -- observability --------------------------------------------------------------------------
     def _queue_changed(self) -> None:
         self.metrics.queue_bytes.set(self.wal.pending_bytes)
-        self.metrics.queue_segments.set(len(self.wal.segments()))
+        self.metrics.queue_segments.set(self.wal.pending_segments)
 
     def metrics_text(self) -> bytes:
         self._queue_changed()

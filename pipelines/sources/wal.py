@@ -62,7 +62,10 @@ class WriteAheadLog:
         segments = self.segments()
         self._seq = max([first_seq - 1, *(s.seq for s in segments)])
         self._pending = sum(s.size for s in segments)
+        self._count = len(segments)
         self._mutex = threading.Lock()
+        # Segments written since the last sync, for a log without fsync_each.
+        self._unsynced: list[Path] = []
         # Numbers taken by appends still writing. Appends run concurrently and may finish out of
         # order, so the flusher takes only segments below the lowest of these: it records the
         # highest number it landed, and everything at or below that counts as landed on restart.
@@ -74,6 +77,16 @@ class WriteAheadLog:
     @property
     def pending_bytes(self) -> int:
         return self._pending
+
+    @property
+    def pending_segments(self) -> int:
+        """Segments not yet landed, counted as they come and go (no listing of the folder)."""
+        return self._count
+
+    def has_room(self, size: int) -> bool:
+        """Whether a segment of ``size`` bytes may be appended now: an empty log takes one of any
+        size, so no body waits forever; otherwise the pending bytes stay within the limit."""
+        return not self._pending or self._pending + size <= self.max_pending_bytes
 
     def segments(self, kind: str | None = None) -> list[Segment]:
         out = []
@@ -90,11 +103,12 @@ class WriteAheadLog:
             writer.write_table(table)
         data = sink.getvalue()
         with self._mutex:
-            if self._pending and self._pending + data.size > self.max_pending_bytes:
+            if not self.has_room(data.size):
                 raise WalFullError(f"{self._pending:,} bytes wait for Delta (limit {self.max_pending_bytes:,})")
             self._seq += 1
             seq = self._seq
             self._pending += data.size
+            self._count += 1
             self._writing.add(seq)
         final = self.dir / f"{seq:012d}.{kind}.arrow"
         tmp = final.with_suffix(".tmp")
@@ -107,9 +121,13 @@ class WriteAheadLog:
             os.replace(tmp, final)
             if self.fsync_each:
                 self._fsync_dir()
+            else:
+                with self._mutex:
+                    self._unsynced.append(final)
         except BaseException:
             with self._mutex:
                 self._pending -= data.size
+                self._count -= 1
             tmp.unlink(missing_ok=True)
             raise
         finally:
@@ -129,10 +147,14 @@ class WriteAheadLog:
         return [s for s in self.segments(kind) if s.seq < limit]
 
     def sync(self) -> None:
-        """Make every segment written so far durable (for a log without ``fsync_each``)."""
-        for segment in self.segments():
+        """Make every segment written since the last sync durable (for a log without ``fsync_each``)."""
+        with self._mutex:
+            written, self._unsynced = self._unsynced, []
+        if not written:
+            return
+        for path in written:
             try:
-                fd = os.open(segment.path, os.O_RDONLY)
+                fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:  # landed and removed meanwhile
                 continue
             try:
@@ -158,6 +180,7 @@ class WriteAheadLog:
             s.path.unlink(missing_ok=True)
         with self._mutex:
             self._pending = max(0, self._pending - sum(s.size for s in segments))
+            self._count = max(0, self._count - len(segments))
         self._fsync_dir()
 
     @contextmanager

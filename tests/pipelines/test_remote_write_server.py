@@ -200,7 +200,9 @@ def test_metrics_and_healthz(server: RunningReceiver) -> None:
     server.receiver.flush()
     assert server.metric("medallion_remote_write_rows_flushed_total") == 4  # 3 samples, 1 quarantined body
     assert server.metric("medallion_remote_write_flush_seconds_count") == 2  # the samples and the quarantine
-    assert server.scrape()[("medallion_remote_write_queue_bytes", ())] == 0
+    scraped = server.scrape()
+    assert scraped[("medallion_remote_write_queue_bytes", ())] == 0
+    assert scraped[("medallion_remote_write_queue_segments", ())] == 0
     assert server.get("/healthz") == (200, b"ok\n")
 
 
