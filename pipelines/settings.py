@@ -24,6 +24,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from pydantic_settings import SettingsError as _PydanticSettingsError
 
 from pipelines.errors import SettingsError
+from pipelines.sources.remote_write import MAX_TIMESTAMP_MS
 from pipelines.sources.remote_write import Limits as RemoteWriteLimits
 from silver.config import (
     AggregationSettings,
@@ -40,6 +41,9 @@ from silver.config import named as find_named
 ENV_PREFIX = "MEDALLION_"
 ENV_NESTED = "__"
 CONFIG_ENV = "MEDALLION_CONFIG"
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: The last instant int64 nanoseconds hold, to the millisecond: the latest sample time accepted.
+LAST_SAMPLE_TIME = EPOCH + timedelta(milliseconds=MAX_TIMESTAMP_MS)
 
 _Section = ConfigModel
 
@@ -178,11 +182,9 @@ class RemoteWriteSettings(_Section):
     max_labels_per_series: int = Field(default=30, ge=1, description="a series with more labels gets its request 413")
     max_label_name_bytes: int = Field(default=256, ge=1, description="a longer label name gets its request 413")
     max_label_value_bytes: int = Field(default=4096, ge=1, description="a longer label value gets its request 413")
-    min_sample_time: datetime = Field(
-        default=datetime(1970, 1, 1, tzinfo=UTC), description="an earlier sample gets its request 400"
-    )
+    min_sample_time: datetime = Field(default=EPOCH, description="an earlier sample gets its request 400")
     max_sample_time: datetime = Field(
-        default=datetime(2262, 4, 11, 23, 47, 16, 854000, tzinfo=UTC),
+        default=LAST_SAMPLE_TIME,
         description="a later sample gets its request 400 (the default is the last instant int64 nanoseconds hold)",
     )
     max_pending_bytes: int = Field(
@@ -222,21 +224,20 @@ class RemoteWriteSettings(_Section):
     @classmethod
     def _in_range(cls, v: datetime) -> datetime:
         v = v if v.tzinfo else v.replace(tzinfo=UTC)
-        if not datetime(1970, 1, 1, tzinfo=UTC) <= v <= datetime(2262, 4, 11, 23, 47, 16, 854000, tzinfo=UTC):
+        if not EPOCH <= v <= LAST_SAMPLE_TIME:
             raise ValueError("must lie within 1970-01-01 .. 2262-04-11T23:47:16.854Z")
         return v
 
     def limits(self) -> RemoteWriteLimits:
         """What one request may hold, for the codec."""
-        epoch = datetime(1970, 1, 1, tzinfo=UTC)
         return RemoteWriteLimits(
             max_series=self.max_series_per_request,
             max_samples=self.max_samples_per_request,
             max_labels_per_series=self.max_labels_per_series,
             max_label_name_bytes=self.max_label_name_bytes,
             max_label_value_bytes=self.max_label_value_bytes,
-            min_timestamp_ms=(self.min_sample_time - epoch) // timedelta(milliseconds=1),
-            max_timestamp_ms=(self.max_sample_time - epoch) // timedelta(milliseconds=1),
+            min_timestamp_ms=(self.min_sample_time - EPOCH) // timedelta(milliseconds=1),
+            max_timestamp_ms=(self.max_sample_time - EPOCH) // timedelta(milliseconds=1),
         )
 
 
@@ -406,9 +407,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
     unknown = [k for k in data if str(k) not in Settings.model_fields]
     if unknown:
         key = str(unknown[0])
-        os.environ.setdefault(CONFIG_ENV, str(path))
-        line = _config_line(key) if os.environ.get(CONFIG_ENV) == str(path) else None
-        raise SettingsError([f"{line or path}: {key}: {unknown_key(key)}"])
+        raise SettingsError([f"{_config_line(key, path) or path}: {key}: {unknown_key(key)}"])
     return data
 
 
@@ -440,30 +439,36 @@ def _section_of(annotation: Any) -> type[BaseModel] | None:
     return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
 
 
-def _field(parts: Sequence[str]) -> Any:
-    """The field a config key names, or None."""
+def _resolve(parts: Sequence[str]) -> tuple[Any, int]:
+    """The field the leading ``parts`` name and how many parts that took: all of them for a
+    setting or a section, fewer below a setting that is not a section (``storage_options.X``),
+    and ``(None, i)`` when part ``i`` names nothing."""
     model: type[BaseModel] | None = Settings
     info = None
-    for part in parts:
-        if model is None or part not in model.model_fields:
-            return None
+    for i, part in enumerate(parts):
+        if model is None:
+            return info, i
+        if part not in model.model_fields:
+            return None, i
         info = model.model_fields[part]
         model = _section_of(info.annotation)
-    return info
+    return info, len(parts)
+
+
+def _field(parts: Sequence[str]) -> Any:
+    """The field a config key names, or None."""
+    info, used = _resolve(parts)
+    return info if used == len(parts) else None
 
 
 def unknown_key(dotted: str) -> str | None:
-    """Why ``dotted`` names no setting, with the closest one, or None when it names one."""
+    """Why ``dotted`` names no setting, with the closest one, or None when it names one (or a key
+    below a map-valued setting, which takes any)."""
     parts = dotted.split(".")
-    model: type[BaseModel] | None = Settings
-    for i, part in enumerate(parts):
-        if model is None:  # below a map-valued setting (storage_options.X): any key
-            return None
-        if part not in model.model_fields:
-            break
-        model = _section_of(model.model_fields[part].annotation)
-        if i == len(parts) - 1:
-            return "a section, not a setting: name one of its keys" if model is not None else None
+    info, used = _resolve(parts)
+    if info is not None:
+        section = used == len(parts) and _section_of(info.annotation) is not None
+        return "a section, not a setting: name one of its keys" if section else None
     close = closest_key(dotted)
     return "not a setting" + (f"; did you mean {close}?" if close else "")
 
@@ -538,9 +543,10 @@ def _describe(error: dict[str, Any]) -> str:
     return f"{variable}: {msg}{shown} [config key: {dotted}]"
 
 
-def _config_line(dotted: str) -> str | None:
-    """``file:line`` of ``dotted`` in the config file, when the file sets it."""
-    path = os.environ.get(CONFIG_ENV)
+def _config_line(dotted: str, path: Path | str | None = None) -> str | None:
+    """``file:line`` of ``dotted`` in the config file (``path``, else the one MEDALLION_CONFIG
+    names), when the file sets it."""
+    path = path or os.environ.get(CONFIG_ENV)
     if not path or Path(path).suffix.lower() not in (".yaml", ".yml", ".json"):
         return None
     try:
