@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 
 from bronze.landing import LANDING_SCHEMA
 from pipelines.fixtures import PAGE_CHANGE_FILES
-from pipelines.settings import RemoteWriteSettings
+from pipelines.settings import RemoteWriteSettings, env_name
 from pipelines.sources.files import file_digests, landing_rows
 from pipelines.sources.remote_write_server import Receiver, serve
 from pipelines.storage.base import conform_df
@@ -164,7 +164,7 @@ class ReceiverCommand:
     ) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("MEDALLION_")}
         env |= {"MEDALLION_LAKE_ROOT": str(lake), "MEDALLION_REMOTE_WRITE__FLUSH_INTERVAL": flush_interval}
-        env |= {f"MEDALLION_REMOTE_WRITE__{key.upper()}": value for key, value in (settings or {}).items()}
+        env |= {env_name(("remote_write", key)): value for key, value in (settings or {}).items()}
         cmd = [sys.executable, "-m", "pipelines.cli", "serve", "remote-write", "--host", host, "--port", "0"]
         self.proc = subprocess.Popen(
             [*cmd, "--processes", str(processes)], env=env, stderr=subprocess.PIPE, text=True, start_new_session=True

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from pipelines.settings import env_name
 from pipelines.tables import BRONZE_SAMPLES
 
 FLUSH_INTERVAL = "0.5s"
@@ -40,7 +41,7 @@ class ReceiverCommand:
             "MEDALLION_REMOTE_WRITE__FLUSH_INTERVAL": FLUSH_INTERVAL,
             "MEDALLION_REMOTE_WRITE__WORKERS": str(workers),
         }
-        env |= {f"MEDALLION_REMOTE_WRITE__{key.upper()}": value for key, value in (remote_write or {}).items()}
+        env |= {env_name(("remote_write", key)): value for key, value in (remote_write or {}).items()}
         command = [sys.executable, "-c", "from pipelines.cli import main; main()", "serve", "remote-write"]
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "w") as log:  # a file, not a pipe nobody reads once it listens

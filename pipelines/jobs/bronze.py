@@ -119,9 +119,6 @@ def ingest_files(ctx: Context, kind: str, paths: Sequence[Path]) -> RunRecord:
     if kind not in KINDS:
         raise InputError(f"unknown kind {kind!r}: use one of {', '.join(KINDS)}")
     target = KINDS[kind][0]
-    missing = [p for p in paths if not Path(p).is_file()]
-    if missing:
-        raise InputError(f"{missing[0]}: no such file")
     # A compressed file is refused by name; the other files of the call still land.
     refused = {p: why for p in paths if (why := compression_of(Path(p))) is not None}
     readable = [p for p in paths if p not in refused]

@@ -65,9 +65,13 @@ _EMPTY_DIGEST = hashlib.sha256(b"").hexdigest()
 def compression_of(path: Path) -> str | None:
     """Why ``path`` cannot be landed as it is (``"gzip-compressed: gunzip it first"``), or None.
 
-    Reads the file's first six bytes: a signature, not row data."""
-    with open(path, "rb") as f:
-        head = f.read(6)
+    Reads the file's first six bytes: a signature, not row data. A path that is not a file is
+    :func:`file_digests`' to report."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except (FileNotFoundError, IsADirectoryError):
+        return None
     for magic, name, undo in _COMPRESSED:
         if head.startswith(magic):
             return f"{name}-compressed: {undo} it first"
