@@ -15,6 +15,7 @@ commit as the rows.
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -67,11 +68,37 @@ def _commit_properties(txns: Sequence[AppTxn], operation: str | None = None) -> 
 class DeltaRsStore(TableStore):
     engine = "delta-rs"
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # One loaded DeltaTable per table per thread (a DeltaTable is not safe to share between
+        # threads): each use loads only the log versions committed since the last one, instead
+        # of replaying the log from its last checkpoint. A Kafka flush asks for its table three
+        # times (the snapshot, the append, the version), and the log grows with every flush.
+        # A store therefore assumes nobody removes a table and creates it again under the same
+        # path while it is open (a new store loads afresh).
+        self._loaded = threading.local()
+
     def _table(self, spec: TableSpec, version: int | None = None) -> DeltaTable:
+        path = self.path(spec)
+        cache: dict[str, DeltaTable] = self._loaded.__dict__.setdefault("tables", {})
+        cached = cache.get(path)
+        if cached is not None:
+            try:
+                if version is None:
+                    cached.update_incremental()
+                    return cached
+                if cached.version() == version:
+                    return cached
+            except (DeltaError, OSError):  # the table was removed or replaced since: load it anew
+                cache.pop(path, None)
         try:
-            return DeltaTable(self.path(spec), version=version, storage_options=self.storage_options or None)
+            dt = DeltaTable(path, version=version, storage_options=self.storage_options or None)
         except TableNotFoundError as exc:
-            raise StorageError(f"table {spec.key} does not exist at {self.path(spec)}") from exc
+            cache.pop(path, None)
+            raise StorageError(f"table {spec.key} does not exist at {path}") from exc
+        if version is None or cached is None:
+            cache[path] = dt
+        return dt
 
     def exists(self, spec: TableSpec) -> bool:
         return DeltaTable.is_deltatable(self.path(spec), storage_options=self.storage_options or None)
