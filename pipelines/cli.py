@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,19 +26,6 @@ from pipelines.settings import Settings, assign, load_settings
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 err_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 200)
 log = logging.getLogger("medallion")
-
-JOBS = (
-    "silver",
-    "silver-events",
-    "silver-page-changes",
-    "gold",
-    "gold-partials",
-    "gold-merge",
-    "export",
-    "metrics",
-    "counters",
-    "all",
-)
 
 
 class State:
@@ -285,32 +272,26 @@ def _parse_buckets(values: Sequence[str]) -> list[int] | None:
     return sorted(set(out)) or None
 
 
-def job_steps(job: str, buckets: list[int] | None, drain: bool = False) -> list[Callable[[Any], Any]]:
-    from pipelines import jobs
+class FlowName(click.ParamType):
+    """A stage, a flow or ``all`` (:mod:`pipelines.flows`); earlier spellings with a warning."""
 
-    handoff = jobs.PartialsHandoff()  # stage 2 right after stage 1 merges its partials from memory
-    steps: dict[str, list[Callable[[Any], Any]]] = {
-        "silver-events": [lambda c: jobs.silver_events(c, buckets)],
-        "silver-page-changes": [lambda c: jobs.silver_page_changes(c, drain=drain)],
-        "gold-partials": [lambda c: jobs.gold_partials(c, buckets)],
-        "gold-merge": [lambda c: jobs.gold_merge(c, buckets)],
-        "export": [lambda c: jobs.export_property_values(c, drain=drain)],
-    }
-    steps["silver"] = steps["silver-events"] + steps["silver-page-changes"]
-    steps["gold"] = [lambda c: jobs.gold_partials(c, buckets, handoff), lambda c: jobs.gold_merge(c, buckets, handoff)]
-    steps["metrics"] = [lambda c: jobs.silver_metric_panes(c, drain=drain), jobs.gold_metric_windows]
-    steps["counters"] = [
-        jobs.gold_counter_partials,
-        lambda c: jobs.gold_counters(c, drain=drain),
-        jobs.counter_milestones,
-        jobs.export_counters,
-    ]
-    steps["all"] = steps["silver"] + steps["gold"] + steps["export"] + steps["metrics"] + steps["counters"]
-    return steps[job]
+    name = "flow"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        from pipelines import flows
+
+        return "[" + "|".join(flows.names()) + "]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from pipelines import flows
+
+        if value in flows.names() or value in flows.RENAMED:
+            return value
+        self.fail(f"{value!r} is not a flow or stage; one of: {', '.join(flows.names())}", param, ctx)
 
 
 @cli.command()
-@click.argument("job", type=click.Choice(JOBS))
+@click.argument("job", type=FlowName())
 @click.option("--once", is_flag=True, help="Process what is there and stop (else repeat until stopped).")
 @click.option("--interval", default=30.0, show_default=True, help="Seconds between runs without --once.")
 @click.option("--bucket", "buckets", multiple=True, metavar="K[,K...]", help="Only these buckets (repeatable).")
@@ -328,11 +309,11 @@ def run(
     metrics_port: int | None,
     metrics_host: str,
 ) -> None:
-    """Run a job incrementally: it reads only source commits it has not processed yet.
+    """Run a flow or a stage of flows incrementally: each reads only source commits it has not
+    processed yet.
 
-    JOB is one of silver, silver-events, silver-page-changes, gold, gold-partials, gold-merge,
-    export, metrics (panes and windows of metrics.aggregations), counters (partials, tiered flush,
-    milestones, ClickHouse) or all.
+    JOB is a stage (silver, gold, export, metrics, counters), one flow of one (silver.events,
+    gold.merge, ...; `medallion flows` lists them) or all.
     Without --once it repeats every --interval seconds until SIGTERM or Ctrl-C,
     finishing the step under way.
     """
@@ -343,15 +324,16 @@ def run(
         if bad:
             raise click.BadParameter(f"bucket(s) {bad} outside 0..{count - 1}", param_hint="--bucket")
     serve_metrics(metrics_port, metrics_host)
+    from pipelines import flows
+
+    chosen_flows = flows.resolve(job)
     ctx = state.context(validates=True)
-    steps = job_steps(job, chosen, drain)
     stop = threading.Event()
     if not once:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
     while True:
-        for step in steps:
-            record = step(ctx)
+        for record in flows.run_pass(ctx, chosen_flows, chosen, drain):
             console.print(f"{record.job}: {record.status}, {record.rows_in:,} in, {record.rows_out:,} out")
             if stop.is_set():
                 break
@@ -631,8 +613,10 @@ def status(state: State, runs: int) -> None:
     console.print(t)
     print_buckets(ctx)
     if ctx.store.version(PIPELINE_EVENTS) is None:
+        print_flows(None)
         console.print("No runs yet.")
         return
+    print_flows(ctx)
     recent = ctx.store.read(PIPELINE_EVENTS).orderBy("ended_at", ascending=False).limit(runs).collect()
     r = Table(title="Latest runs", title_justify="left")
     for col in ("ended", "job", "status", "in", "out", "seconds", "metrics"):
@@ -652,6 +636,52 @@ def status(state: State, runs: int) -> None:
         )
     console.print(r)
     print_quality(ctx)
+
+
+@cli.command("flows")
+def list_flows() -> None:
+    """List every flow: its stage, what it reads and writes, and how."""
+    print_flows(None)
+
+
+def print_flows(ctx: Any | None) -> None:
+    """The flow registry as a table; with ``ctx``, each flow's last run from the event log."""
+    from pipelines import flows
+
+    last: dict[str, Any] = {}
+    if ctx is not None:
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        from pipelines.eventlog import PIPELINE_EVENTS
+
+        newest = Window.partitionBy("base").orderBy(F.col("ended_at").desc())
+        # One row per flow (a few dozen at most): small enough to collect.
+        rows = (
+            ctx.store.read(PIPELINE_EVENTS)
+            .withColumn("base", F.split("job", "#").getItem(0))
+            .withColumn("_n", F.row_number().over(newest))
+            .where("_n = 1")
+            .collect()
+        )
+        last = {r["base"]: r for r in rows}
+    t = Table(title="Flows", title_justify="left")
+    for col in ("flow", "stage", "reads", "writes", "mode", *(("last run", "status", "in", "out") if ctx else ())):
+        t.add_column(col, justify="right" if col in ("in", "out") else "left")
+    for f in flows.FLOWS:
+        reads = ", ".join([s.key for s in f.sources] + ([f.external_source] if f.external_source else []))
+        writes = ", ".join([s.key for s in f.targets] + ([f.external_target] if f.external_target else []))
+        mode = f.mode + (", by bucket" if f.by_bucket else "")
+        cells = [f.name, f.stage, reads, writes, mode]
+        if ctx is not None:
+            r = last.get(f.name)
+            cells += (
+                [r["ended_at"].strftime("%Y-%m-%d %H:%M:%S"), r["status"], f"{r['rows_in']:,}", f"{r['rows_out']:,}"]
+                if r
+                else ["-", "never", "", ""]
+            )
+        t.add_row(*cells)
+    console.print(t)
 
 
 def print_quality(ctx: Any) -> None:

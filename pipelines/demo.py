@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines import fixtures, jobs, synthetic
+from pipelines import fixtures, flows, jobs, synthetic
+from pipelines.demo_counters import counters_summary, prepare_counters
+from pipelines.demo_metrics import metrics_summary, prepare_metrics
 from pipelines.eventlog import PIPELINE_EVENTS
 from pipelines.runner import Context
 from pipelines.sinks import clickhouse
@@ -81,17 +83,16 @@ def run_demo(ctx: Context, size: DemoSize) -> dict[str, Any]:
     for kind, paths in files.items():
         ctx.say(f"bronze: landing {len(paths)} {kind} file(s)")
         jobs.ingest_files(ctx, kind, paths)
-    jobs.silver_events(ctx)
-    jobs.silver_page_changes(ctx, drain=True)  # the demo is a backfill: emit every window
-    jobs.gold_property_values(ctx)
-    jobs.export_property_values(ctx, drain=True)
-    from pipelines.demo_metrics import run_metrics
-
-    metrics = run_metrics(ctx)
-    from pipelines.demo_counters import run_counters
-
-    counters = run_counters(ctx)
-    return {**summary(ctx), "metrics": metrics, "counters": counters}
+    metrics_config = prepare_metrics(ctx)
+    counters_registry = prepare_counters(ctx)
+    # Every flow `medallion run all` runs, drained: the demo is a backfill, so every window closes.
+    for _ in flows.run_pass(ctx, flows.resolve("all"), drain=True):
+        pass
+    return {
+        **summary(ctx),
+        "metrics": metrics_summary(ctx, metrics_config),
+        "counters": counters_summary(ctx, counters_registry),
+    }
 
 
 def summary(ctx: Context) -> dict[str, Any]:

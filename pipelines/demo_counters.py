@@ -11,7 +11,6 @@ from typing import Any
 
 from pyspark.sql import functions as F
 
-from pipelines import jobs
 from pipelines.counters import show
 from pipelines.runner import Context
 from pipelines.tables import COUNTER_EXPORTS, GOLD_COUNTER_MILESTONES, GOLD_COUNTER_PARTIALS, GOLD_COUNTERS
@@ -34,19 +33,19 @@ counters:
 """
 
 
-def run_counters(ctx: Context) -> dict[str, Any]:
-    """Counters over silver/events: partials, a tiered flush, a final drain, milestones, ClickHouse."""
-    registry = None
-    if ctx.settings.counters.registry is None:
-        registry = Path(ctx.settings.lake_root) / "_landing" / "counters.yaml"
-        registry.parent.mkdir(parents=True, exist_ok=True)
-        registry.write_text(REGISTRY)
-        ctx.settings.counters.registry = registry
-    jobs.gold_counter_partials(ctx)
-    jobs.gold_counters(ctx)
-    jobs.gold_counters(ctx, drain=True)  # the demo is a backfill: flush what the tiers held back
-    jobs.counter_milestones(ctx)
-    jobs.export_counters(ctx)
+def prepare_counters(ctx: Context) -> Path | None:
+    """The demo's counter registry, unless settings name one: the file it wrote, or None."""
+    if ctx.settings.counters.registry is not None:
+        return None
+    registry = Path(ctx.settings.lake_root) / "_landing" / "counters.yaml"
+    registry.parent.mkdir(parents=True, exist_ok=True)
+    registry.write_text(REGISTRY)
+    ctx.settings.counters.registry = registry
+    return registry
+
+
+def counters_summary(ctx: Context, registry: Path | None) -> dict[str, Any]:
+    """What the counters flows made of silver/events: increments, writes, milestones, the top."""
     increments = ctx.store.read(GOLD_COUNTER_PARTIALS).agg(F.coalesce(F.sum("count"), F.lit(0))).first()
     writes = ctx.store.read_changes(GOLD_COUNTERS, 0).where("_change_type IN ('insert', 'update_postimage')").count()
     n_in = int(increments[0]) if increments else 0

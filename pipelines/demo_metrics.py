@@ -15,7 +15,6 @@ from typing import Any
 
 import yaml
 
-from pipelines import jobs
 from pipelines.metrics import dropped_late, query
 from pipelines.runner import Context
 from pipelines.sources.remote_write import Series, from_series
@@ -77,8 +76,8 @@ def demo_series(seed: int = 3, minutes: int = 60) -> list[Series]:
     return out
 
 
-def run_metrics(ctx: Context) -> dict[str, Any]:
-    """Land the samples once, run panes and windows (drained: a backfill), answer two queries."""
+def prepare_metrics(ctx: Context) -> Path | None:
+    """The demo's aggregations (unless settings name some; then None) and its samples, landed once."""
     config = None
     if not ctx.settings.metrics.aggregations:
         ctx.settings.metrics.aggregations = list(AGGREGATIONS)
@@ -92,8 +91,11 @@ def run_metrics(ctx: Context) -> dict[str, Any]:
         table = samples_table(from_series(demo_series()), "prometheus", "demo", START + timedelta(hours=1))
         ctx.store.append(BRONZE_SAMPLES, table, [AppTxn(DEMO_APP, 1)])
         ctx.say(f"bronze: landed {table.num_rows:,} remote-write samples")
-    jobs.silver_metric_panes(ctx, drain=True)
-    jobs.gold_metric_windows(ctx)
+    return config
+
+
+def metrics_summary(ctx: Context, config: Path | None) -> dict[str, Any]:
+    """What the metric flows made of the samples, and two queries' answers."""
     out: dict[str, Any] = {
         "samples": ctx.store.stats(BRONZE_SAMPLES).rows,
         "panes": ctx.store.stats(SILVER_METRIC_PANES).rows,

@@ -123,3 +123,17 @@ def test_the_embedded_clickhouse_without_chdb_says_how_to_get_it(
         f"the embedded ClickHouse (chdb://{tmp_path / 'lake'}/clickhouse) needs chdb, which is not installed: "
         "pip install 'medallion[local]', or set clickhouse.dsn to a ClickHouse server"
     )
+
+
+def test_the_wheel_lists_every_package_and_maps_medallion_to_the_api() -> None:
+    import tomllib
+
+    repo = Path(__file__).resolve().parents[1]
+    config = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]
+    on_disk = {
+        ".".join(p.parent.relative_to(repo).parts)
+        for top in ("pipelines", "bronze", "silver", "gold", "expectations")
+        for p in (repo / top).rglob("__init__.py")
+    }
+    assert set(config["packages"]) == (on_disk - {"pipelines.api"}) | {"medallion"}
+    assert config["package-dir"] == {"medallion": "pipelines/api"}

@@ -27,6 +27,8 @@ JOB_FILES = sorted({p for pattern in BUNDLE["include"] for p in REPO.glob(patter
 DOCS = {path: yaml.safe_load(path.read_text()) for path in JOB_FILES}
 JOBS = {name: (path, spec) for path, doc in DOCS.items() for name, spec in doc["resources"]["jobs"].items()}
 TARGETS = sorted(BUNDLE["targets"])
+#: Job parameters (declared once per job) by name, with their defaults.
+JOB_PARAMS = {p["name"]: p["default"] for _, job in JOBS.values() for p in job.get("parameters", [])}
 PIPELINE = "medallion_pipeline"
 MAINTENANCE = "medallion_maintenance"
 
@@ -112,7 +114,11 @@ def all_tasks(job: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 def wheel_args(task: dict[str, Any]) -> list[str]:
-    return list(task["python_wheel_task"]["parameters"])
+    """A task's arguments, its job parameters replaced by their defaults (as a scheduled run has them)."""
+    return [
+        re.sub(r"\{\{job\.parameters\.(\w+)\}\}", lambda m: JOB_PARAMS[m.group(1)], a)
+        for a in task["python_wheel_task"]["parameters"]
+    ]
 
 
 def command(args: list[str]) -> list[str]:
@@ -267,6 +273,36 @@ def test_cluster_environment_names_real_settings() -> None:
 
 
 # -- the pipeline ---------------------------------------------------------------------------------
+def test_the_pipeline_job_file_is_the_one_the_flow_registry_generates() -> None:
+    from pipelines import bundle
+
+    assert (REPO / "resources" / "medallion.job.yml").read_text() == bundle.render(), (
+        "resources/medallion.job.yml differs from the flow registry: regenerate it with "
+        "`python -m pipelines.bundle > resources/medallion.job.yml`"
+    )
+
+
+def test_every_flow_medallion_run_knows_runs_in_exactly_one_task() -> None:
+    from pipelines import flows
+
+    ran: list[str] = []
+    for task in all_tasks(JOBS[PIPELINE][1]):
+        words = command(wheel_args(task))
+        if words[0] == "run":
+            ran += [f.name for f in flows.resolve(words[1])]
+    assert sorted(ran) == sorted(f.name for f in flows.runnable())
+
+
+def test_shared_settings_are_declared_once_as_job_parameters() -> None:
+    job = JOBS[PIPELINE][1]
+    names = [p["name"] for p in job["parameters"]]
+    assert len(names) == len(set(names))
+    for task in all_tasks(job):
+        raw = task["python_wheel_task"]["parameters"]
+        assert not [a for a in raw if "${var." in a], f"{task['task_key']}: a variable not through a job parameter"
+        assert set(re.findall(r"\{\{job\.parameters\.(\w+)\}\}", " ".join(raw))) == set(names)
+
+
 def test_the_pipeline_runs_ingest_silver_gold_per_bucket_export_then_metrics_and_counters() -> None:
     job = JOBS[PIPELINE][1]
     tasks = {t["task_key"]: t for t in job["tasks"]}

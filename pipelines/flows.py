@@ -1,0 +1,365 @@
+"""Every flow of the pipeline, declared once: what it reads and writes, how, and what runs it.
+
+A flow is one exactly-once step: it reads the source commits (or messages, or files) it has not
+processed yet and writes its targets with its progress in the same commit. Its ``name`` is the one
+it has everywhere: in ``medallion run``, in the event log (``_meta/pipeline_events.job``), in its
+app ids, in the bundle's tasks and in the report. Flows are grouped into *stages*, the steps the
+scheduled job runs one after another (``medallion run <stage>``, one bundle task each).
+
+``medallion run``, ``medallion demo``, ``medallion status`` and the bundle's task list
+(:mod:`pipelines.bundle`) all read :data:`FLOWS`. Adding a flow means adding its declaration here,
+its transform in its layer and its tests.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from pipelines.errors import InputError
+from pipelines.tables import (
+    BRONZE_EVENTS,
+    BRONZE_PAGE_CHANGES,
+    BRONZE_QUARANTINE,
+    BRONZE_SAMPLES,
+    COUNTER_EXPORTS,
+    EXPORT_OUTBOX,
+    EXPORTS,
+    GOLD_COUNTER_MILESTONES,
+    GOLD_COUNTER_PARTIALS,
+    GOLD_COUNTERS,
+    GOLD_EXPORTED,
+    GOLD_METRIC_WINDOWS,
+    GOLD_PARTIALS,
+    GOLD_PROPERTY_VALUES,
+    SILVER_EVENTS,
+    SILVER_METRIC_PANES,
+    SILVER_METRIC_STATE,
+    SILVER_PAGE_CHANGE_STATE,
+    SILVER_PAGE_CHANGES,
+)
+
+if TYPE_CHECKING:
+    from pipelines.eventlog import RunRecord
+    from pipelines.runner import Context
+    from pipelines.storage import TableSpec
+
+log = logging.getLogger("medallion")
+
+#: How a flow writes its main target: appends, a MERGE, a state table it rewrites per key, or an
+#: export to a system outside the lake (with its own log table); ``ingest``: landed from outside.
+Mode = Literal["ingest", "append", "merge", "state", "export"]
+
+
+@dataclass
+class RunOptions:
+    """What one pass of ``medallion run`` gives its flows."""
+
+    buckets: Sequence[int] | None = None
+    #: Treat every window as closed (the end of a backfill).
+    drain: bool = False
+    #: Shared by the flows of one pass (gold's stage 2 takes stage 1's partials from memory).
+    handoff: object | None = None
+
+
+@dataclass(frozen=True)
+class Flow:
+    """One flow's declaration."""
+
+    name: str
+    stage: str
+    sources: tuple[TableSpec, ...]
+    targets: tuple[TableSpec, ...]
+    mode: Mode
+    description: str
+    #: Runs it once (None: started by ``medallion ingest`` / ``serve``, not by ``medallion run``).
+    run: Callable[[Context, RunOptions], RunRecord] | None = None
+    #: Splits by team bucket (``--bucket``): one app id per bucket set.
+    by_bucket: bool = False
+    #: Where it reads from or writes to outside the lake (Kafka, files, HTTP, ClickHouse).
+    external_source: str | None = None
+    external_target: str | None = None
+    #: Tables whose quality suite gates this flow's writes.
+    gated: tuple[str, ...] = field(default=())
+
+
+def _silver_events(ctx: Context, o: RunOptions) -> RunRecord:
+    from pipelines.jobs.silver import silver_events
+
+    return silver_events(ctx, o.buckets)
+
+
+def _silver_page_changes(ctx: Context, o: RunOptions) -> RunRecord:
+    from pipelines.jobs.silver import silver_page_changes
+
+    return silver_page_changes(ctx, drain=o.drain)
+
+
+def _gold_partials(ctx: Context, o: RunOptions) -> RunRecord:
+    from pipelines.jobs.gold import PartialsHandoff, gold_partials
+
+    return gold_partials(ctx, o.buckets, o.handoff if isinstance(o.handoff, PartialsHandoff) else None)
+
+
+def _gold_merge(ctx: Context, o: RunOptions) -> RunRecord:
+    from pipelines.jobs.gold import PartialsHandoff, gold_merge
+
+    return gold_merge(ctx, o.buckets, o.handoff if isinstance(o.handoff, PartialsHandoff) else None)
+
+
+def _export_clickhouse(ctx: Context, o: RunOptions) -> RunRecord:
+    from pipelines.jobs.gold import export_property_values
+
+    return export_property_values(ctx, drain=o.drain)
+
+
+def _metric_panes(ctx: Context, o: RunOptions) -> RunRecord:
+    from pipelines.jobs.metrics import silver_metric_panes
+
+    return silver_metric_panes(ctx, drain=o.drain)
+
+
+def _metric_windows(ctx: Context, o: RunOptions) -> RunRecord:
+    from pipelines.jobs.metrics import gold_metric_windows
+
+    return gold_metric_windows(ctx)
+
+
+def _counter_partials(ctx: Context, o: RunOptions) -> RunRecord:
+    from pipelines.jobs.counters import gold_counter_partials
+
+    return gold_counter_partials(ctx)
+
+
+def _counters(ctx: Context, o: RunOptions) -> RunRecord:
+    from pipelines.jobs.counters import gold_counters
+
+    return gold_counters(ctx, drain=o.drain)
+
+
+def _milestones(ctx: Context, o: RunOptions) -> RunRecord:
+    from pipelines.jobs.counters import counter_milestones
+
+    return counter_milestones(ctx)
+
+
+def _export_counters(ctx: Context, o: RunOptions) -> RunRecord:
+    from pipelines.jobs.counters import export_counters
+
+    return export_counters(ctx)
+
+
+CLICKHOUSE = "ClickHouse"
+FLOWS: tuple[Flow, ...] = (
+    Flow(
+        "ingest.kafka",
+        "ingest",
+        (),
+        (BRONZE_EVENTS, BRONZE_PAGE_CHANGES, BRONZE_QUARANTINE),
+        "ingest",
+        "Kafka messages -> bronze rows, offsets committed with them (medallion ingest kafka)",
+        external_source="Kafka",
+        gated=(BRONZE_EVENTS.key, BRONZE_PAGE_CHANGES.key),
+    ),
+    Flow(
+        "ingest_file.events",
+        "ingest",
+        (),
+        (BRONZE_EVENTS, BRONZE_QUARANTINE),
+        "ingest",
+        "JSON-lines files of product events -> bronze, each file once (medallion ingest file)",
+        external_source="files",
+        gated=(BRONZE_EVENTS.key,),
+    ),
+    Flow(
+        "ingest_file.page_changes",
+        "ingest",
+        (),
+        (BRONZE_PAGE_CHANGES, BRONZE_QUARANTINE),
+        "ingest",
+        "JSON-lines files of MediaWiki page changes -> bronze, each file once (medallion ingest file)",
+        external_source="files",
+        gated=(BRONZE_PAGE_CHANGES.key,),
+    ),
+    Flow(
+        "ingest.remote_write",
+        "ingest",
+        (),
+        (BRONZE_SAMPLES,),
+        "ingest",
+        "Prometheus remote write -> bronze samples, through a write-ahead log (medallion serve remote-write)",
+        external_source="remote write",
+    ),
+    Flow(
+        "silver.events",
+        "silver",
+        (BRONZE_EVENTS,),
+        (SILVER_EVENTS,),
+        "append",
+        "bronze events -> silver events with their team bucket",
+        run=_silver_events,
+        by_bucket=True,
+        gated=(SILVER_EVENTS.key,),
+    ),
+    Flow(
+        "silver.page_changes",
+        "silver",
+        (BRONZE_PAGE_CHANGES,),
+        (SILVER_PAGE_CHANGES, SILVER_PAGE_CHANGE_STATE),
+        "state",
+        "bronze page changes -> one change per page per 5-minute window, in order",
+        run=_silver_page_changes,
+        gated=(SILVER_PAGE_CHANGES.key,),
+    ),
+    Flow(
+        "gold.partials",
+        "gold",
+        (SILVER_EVENTS,),
+        (GOLD_PARTIALS,),
+        "append",
+        "silver events fanned out into (team, property type, key, value) partial counts (stage 1)",
+        run=_gold_partials,
+        by_bucket=True,
+        gated=(GOLD_PARTIALS.key,),
+    ),
+    Flow(
+        "gold.merge",
+        "gold",
+        (GOLD_PARTIALS,),
+        (GOLD_PROPERTY_VALUES,),
+        "merge",
+        "partials merged into one count per tuple per window (stage 2)",
+        run=_gold_merge,
+        by_bucket=True,
+        gated=(GOLD_PROPERTY_VALUES.key,),
+    ),
+    Flow(
+        "export.clickhouse",
+        "export",
+        (GOLD_PROPERTY_VALUES,),
+        (GOLD_EXPORTED, EXPORT_OUTBOX, EXPORTS),
+        "export",
+        "closed windows' count changes -> ClickHouse property_values, exactly once",
+        run=_export_clickhouse,
+        external_target=CLICKHOUSE,
+        gated=("export/property_values",),
+    ),
+    Flow(
+        "silver.metric_panes",
+        "metrics",
+        (BRONZE_SAMPLES,),
+        (SILVER_METRIC_PANES, SILVER_METRIC_STATE),
+        "state",
+        "bronze samples -> per-pane sketches of metrics.aggregations",
+        run=_metric_panes,
+    ),
+    Flow(
+        "gold.metric_windows",
+        "metrics",
+        (SILVER_METRIC_PANES,),
+        (GOLD_METRIC_WINDOWS,),
+        "merge",
+        "panes -> closed metric windows",
+        run=_metric_windows,
+    ),
+    Flow(
+        "gold.counter_partials",
+        "counters",
+        (SILVER_EVENTS,),
+        (GOLD_COUNTER_PARTIALS,),
+        "append",
+        "silver events -> per-entity counter increments",
+        run=_counter_partials,
+    ),
+    Flow(
+        "gold.counters",
+        "counters",
+        (GOLD_COUNTER_PARTIALS,),
+        (GOLD_COUNTERS,),
+        "merge",
+        "increments -> tiered counter totals",
+        run=_counters,
+    ),
+    Flow(
+        "gold.counter_milestones",
+        "counters",
+        (GOLD_COUNTERS,),
+        (GOLD_COUNTER_MILESTONES,),
+        "append",
+        "counter changes -> thresholds crossed",
+        run=_milestones,
+    ),
+    Flow(
+        "export.counters",
+        "counters",
+        (GOLD_COUNTERS,),
+        (COUNTER_EXPORTS,),
+        "export",
+        "counter changes -> ClickHouse counters, exactly once",
+        run=_export_counters,
+        external_target=CLICKHOUSE,
+    ),
+)
+BY_NAME: dict[str, Flow] = {f.name: f for f in FLOWS}
+#: The stages ``medallion run`` runs, in the order a pass runs them (``all`` is every one).
+STAGES: tuple[str, ...] = tuple(dict.fromkeys(f.stage for f in FLOWS if f.run is not None))
+#: Spellings of earlier releases: accepted with a warning.
+RENAMED = {
+    "silver-events": "silver.events",
+    "silver-page-changes": "silver.page_changes",
+    "gold-partials": "gold.partials",
+    "gold-merge": "gold.merge",
+}
+
+
+def runnable() -> list[Flow]:
+    return [f for f in FLOWS if f.run is not None]
+
+
+def names() -> list[str]:
+    """What ``medallion run`` takes: the stages, every runnable flow, and ``all``."""
+    return [*STAGES, *(f.name for f in runnable() if f.name not in STAGES), "all"]
+
+
+def resolve(name: str) -> list[Flow]:
+    """The flows ``medallion run NAME`` runs, in pipeline order."""
+    if name in RENAMED:
+        log.warning("%r is now called %r", name, RENAMED[name])
+        name = RENAMED[name]
+    if name == "all":
+        return runnable()
+    if name in STAGES:
+        return [f for f in runnable() if f.stage == name]
+    flow = BY_NAME.get(name)
+    if flow is None or flow.run is None:
+        raise InputError(f"no flow or stage {name!r}; one of: {', '.join(names())}")
+    return [flow]
+
+
+def run_pass(
+    ctx: Context, flows: Sequence[Flow], buckets: Sequence[int] | None = None, drain: bool = False
+) -> Iterator[RunRecord]:
+    """One pass: each flow once, in order, yielding its record as it ends. The flows of one pass
+    share gold's handoff, released when the pass ends or is left (an exception, a stop)."""
+    from pipelines.jobs.gold import PartialsHandoff
+
+    handoff = PartialsHandoff()
+    options = RunOptions(buckets=buckets, drain=drain, handoff=handoff)
+    try:
+        for flow in flows:
+            if flow.run is None:
+                raise InputError(f"{flow.name} is started by medallion ingest or serve, not run")
+            yield flow.run(ctx, options)
+    finally:
+        handoff.release()
+
+
+def producers() -> dict[str, list[Flow]]:
+    """Table key -> the flows that write it."""
+    out: dict[str, list[Flow]] = {}
+    for f in FLOWS:
+        for t in f.targets:
+            out.setdefault(t.key, []).append(f)
+    return out
