@@ -15,7 +15,6 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
 from bronze.landing import (
-    INTEGER_TYPES,
     LANDING_COLUMNS,
     LANDING_FIELDS,
     PARSED,
@@ -26,6 +25,7 @@ from bronze.landing import (
     json_type,
     with_parsed_json,
 )
+from bronze.primitives import INTEGER_TYPES
 
 KIND = "events"
 REQUIRED_STRINGS = ("uuid", "event", "distinct_id", "timestamp")

@@ -21,12 +21,12 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from bronze.primitives import quarantine_row
+
 VALUE = "value"
 RAW = "raw"
 REASON = "reason"
 PARSED = "_v"
-#: Variant type names of a JSON integer (what ``schema_of_variant`` says for one).
-INTEGER_TYPES = ("TINYINT", "SMALLINT", "INT", "BIGINT")
 
 LANDING_FIELDS = [
     StructField("source", StringType()),  # kafka | file
@@ -94,10 +94,12 @@ def valid(df: DataFrame, columns: Sequence[str]) -> DataFrame:
 
 def quarantined(df: DataFrame, kind: str) -> DataFrame:
     """The rows that failed a check, in the quarantine table's shape."""
-    return df.where(F.col(REASON).isNotNull()).select(
-        F.lit(kind).alias("kind"),
-        F.col(VALUE).alias(RAW),
+    row = quarantine_row(
+        F.lit(kind),
+        F.col(VALUE),
         F.col(REASON),
-        F.lit(None).cast("string").alias("expectation"),
-        *LANDING_COLUMNS,
+        F.lit(None).cast("string"),
+        {c: F.col(c) for c in LANDING_COLUMNS},
+        LANDING_COLUMNS,
     )
+    return df.where(F.col(REASON).isNotNull()).select(*(v.alias(k) for k, v in row.items()))

@@ -13,7 +13,6 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
 from bronze.landing import (
-    INTEGER_TYPES,
     LANDING_COLUMNS,
     LANDING_FIELDS,
     PARSED,
@@ -24,6 +23,7 @@ from bronze.landing import (
     json_type,
     with_parsed_json,
 )
+from bronze.primitives import INTEGER_TYPES
 
 KIND = "page_changes"
 PAGE_CHANGE_KINDS = ("create", "edit", "move", "delete", "undelete", "visibility_change")

@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args
 import great_expectations.expectations as gxe
 from great_expectations.expectations.expectation import Expectation
 
-from silver.config import ConfigError
+from bronze.primitives import ConfigError
 
 Policy = Literal["warn", "drop", "fail"]
 POLICIES: tuple[str, ...] = get_args(Policy)

@@ -41,7 +41,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from silver.config import ConfigError, Duration, named, unique_names
+from bronze.primitives import ConfigError, Duration, named, unique_names
 
 COUNTER_PARTIALS_SCHEMA = StructType(
     [

@@ -31,8 +31,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from bronze.primitives import micros, plus
 from silver.config import AggregationSettings
-from silver.metric_panes import micros, plus
 
 ACCUMULATOR_COLUMNS = [
     "count",

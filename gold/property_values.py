@@ -16,6 +16,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
+from bronze.primitives import window_start
 from silver.properties import (
     DOCUMENT,
     GROUP_SET_PROPS,
@@ -180,13 +181,6 @@ def fan_out(rules: FanoutRules) -> Callable[[DataFrame], DataFrame]:
         )
 
     return transform
-
-
-def window_start(event_time: Column, width: timedelta) -> Column:
-    """Start of the tumbling event-time window of ``width`` holding ``event_time``."""
-    w = int(width.total_seconds() * 1_000_000)
-    t = F.unix_micros(event_time)
-    return F.timestamp_micros(t - F.pmod(t, F.lit(w)))
 
 
 def tuple_counts(width: timedelta) -> Callable[[DataFrame], DataFrame]:

@@ -24,6 +24,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from bronze.landing import LANDING_COLUMNS, QUARANTINE_SCHEMA, RAW
+from bronze.primitives import DROPPED_REASON, quarantine_row
 from pipelines.errors import MedallionError, SettingsError
 from pipelines.eventlog import RunRecord
 from pipelines.layer_config import fanout_rules
@@ -111,13 +112,8 @@ def record_results(record: RunRecord, validation: Validation) -> None:
     record.quality.extend(r.as_row() for r in validation.results)
     failed_rows = sum(r.rows_failed or 0 for r in validation.results if r.outcome != "passed")
     key = validation.suite.table
-    record.add(
-        **{
-            "quality.seconds": record.metrics.get("quality.seconds", 0) + validation.seconds,
-            f"quality.{key}.failed_rows": failed_rows,
-            f"quality.{key}.dropped_rows": validation.dropped_rows,
-        }
-    )
+    record.incr(**{"quality.seconds": validation.seconds})
+    record.add(**{f"quality.{key}.failed_rows": failed_rows, f"quality.{key}.dropped_rows": validation.dropped_rows})
 
 
 def run_suite(
@@ -182,13 +178,15 @@ def gate_arrow(ctx: Context, record: RunRecord, table: str, rows: pa.Table, kind
     ctx.say(validation.summary())
     gone = validation.dropped
     n = gone.num_rows
-    quarantine = {
-        "kind": pa.array([kind] * n, pa.string()),
-        RAW: pc.cast(gone[RAW], pa.binary()),
-        "reason": pc.binary_join_element_wise("expectation ", gone[DROPPED_BY], " failed", ""),
-        "expectation": gone[DROPPED_BY],
-        **{c: gone[c] if c in gone.column_names else pa.nulls(n) for c in LANDING_COLUMNS},
-    }
+    before, after = DROPPED_REASON
+    quarantine = quarantine_row(
+        pa.array([kind] * n, pa.string()),
+        pc.cast(gone[RAW], pa.binary()),
+        pc.binary_join_element_wise(before, gone[DROPPED_BY], after, ""),
+        gone[DROPPED_BY],
+        {c: gone[c] if c in gone.column_names else pa.nulls(n) for c in LANDING_COLUMNS},
+        LANDING_COLUMNS,
+    )
     return validation.kept, conform(pa.table(quarantine), BRONZE_QUARANTINE.arrow_schema)
 
 
@@ -202,16 +200,16 @@ def to_quarantine(dropped: DataFrame, kind: str) -> DataFrame:
     columns = set(dropped.columns)
     data = [c for c in dropped.columns if c != DROPPED_BY]
     raw = F.col(RAW) if RAW in columns else F.to_json(F.struct(*data))
-    return dropped.select(
-        F.lit(kind).alias("kind"),
-        F.encode(raw.cast("string"), "UTF-8").alias(RAW),
-        F.concat(F.lit("expectation "), F.col(DROPPED_BY), F.lit(" failed")).alias("reason"),
-        F.col(DROPPED_BY).alias("expectation"),
-        *(
-            (F.col(c) if c in columns else F.lit(None)).cast(QUARANTINE_SCHEMA[c].dataType).alias(c)
-            for c in LANDING_COLUMNS
-        ),
+    before, after = DROPPED_REASON
+    row = quarantine_row(
+        F.lit(kind),
+        F.encode(raw.cast("string"), "UTF-8"),
+        F.concat(F.lit(before), F.col(DROPPED_BY), F.lit(after)),
+        F.col(DROPPED_BY),
+        {c: (F.col(c) if c in columns else F.lit(None)).cast(QUARANTINE_SCHEMA[c].dataType) for c in LANDING_COLUMNS},
+        LANDING_COLUMNS,
     )
+    return dropped.select(*(v.alias(k) for k, v in row.items()))
 
 
 # -- whole tables ---------------------------------------------------------------------------------

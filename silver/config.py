@@ -1,101 +1,20 @@
-"""What the layers are configured with: the metric aggregation model and the pieces config models share.
+"""What the metric layers are configured with: the aggregation model.
 
-The layers take plain values and small models like these, never the pipeline's settings:
-``pipelines.settings`` nests :class:`AggregationSettings` and builds the others, and reports a
-:class:`ConfigError` as a SettingsError with the same lines. Gold and the suites import from here
-(a layer may import the one below it). Nothing here imports Spark, so loading settings stays quick.
+The layers take plain values and small models like this, never the pipeline's settings:
+``pipelines.settings`` nests :class:`AggregationSettings`, and reports a ConfigError as a
+SettingsError with the same lines. The config types it is built from are in
+:mod:`bronze.primitives`. Nothing here imports Spark, so loading settings stays quick.
 """
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Sequence
 from datetime import timedelta
-from typing import Annotated, Any, Literal, Protocol, TypeVar
+from typing import Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
-from pydantic_settings import NoDecode
+from pydantic import Field, field_validator, model_validator
 
+from bronze.primitives import ConfigModel, Duration, StrList, positive
 from silver.selectors import parse_selector
-
-
-class ConfigError(ValueError):
-    """Config given to a layer cannot be used; ``problems`` holds one line per problem."""
-
-    def __init__(self, problems: list[str]) -> None:
-        self.problems = problems
-        super().__init__("\n".join(problems))
-
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
-_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(value: Any) -> Any:
-    """Accept ``30s``, ``5m``, ``1.5h``, ``250ms``, plain seconds, or ISO-8601 (``PT5M``)."""
-    if isinstance(value, timedelta):
-        return value
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return timedelta(seconds=value)
-    if isinstance(value, str):
-        m = _DURATION.match(value)
-        if m:
-            return timedelta(seconds=float(m.group(1)) * _UNIT_SECONDS[(m.group(2) or "s").lower()])
-        if value.strip().upper().startswith("P"):
-            return value.strip()  # pydantic parses ISO-8601 durations
-        raise ValueError(f"invalid duration {value!r}: use e.g. 30s, 5m, 1h or PT5M")
-    return value
-
-
-def _split_list(value: Any) -> Any:
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("["):
-            return json.loads(text)
-        return [part.strip() for part in re.split(r"[,\n]", text) if part.strip()]
-    return value
-
-
-Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
-# NoDecode: a list read from one environment variable is "a,b" as often as JSON; _split_list reads both.
-StrList = Annotated[list[str], NoDecode, BeforeValidator(_split_list)]
-
-
-def positive(d: timedelta, name: str) -> timedelta:
-    if d <= timedelta(0):
-        raise ValueError(f"{name} must be positive")
-    return d
-
-
-class ConfigModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
-
-
-class Named(Protocol):
-    name: str
-
-
-N = TypeVar("N", bound=Named)
-
-
-def unique_names(items: list[N], what: str) -> list[N]:
-    """``items`` unless two share a name (a ValueError naming them, for a validator)."""
-    names = [i.name for i in items]
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise ValueError(f"{what} name(s) used twice: {twice}")
-    return items
-
-
-def named(items: Sequence[N], name: str, missing: str, error: type[ConfigError] = ConfigError) -> N:
-    """The item called ``name``, else ``error`` from ``missing`` (with {name} and {known})."""
-    for item in items:
-        if item.name == name:
-            return item
-    known = ", ".join(i.name for i in items) or "none configured"
-    raise error([missing.format(name=name, known=known)])
-
 
 # -- metric aggregations (silver.metric_panes, gold.metric_windows) ---------------------------------
 ACCUMULATORS = ("sum", "count", "min", "max", "increase", "quantiles", "distinct", "frequency")

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from functools import reduce
 from typing import Any
 
@@ -49,6 +49,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from bronze.primitives import plus, window_start
 from silver.config import AggregationSettings
 from silver.selectors import parse_selector
 
@@ -111,14 +112,6 @@ class PaneRun:
     late: DataFrame  # SAMPLE_COLUMNS of samples behind the watermark (dropped or forwarded)
 
 
-def micros(d: timedelta) -> int:
-    return d // timedelta(microseconds=1)
-
-
-def plus(ts: Column, d: timedelta) -> Column:
-    return ts + F.expr(f"INTERVAL '{micros(d)}' MICROSECOND")
-
-
 def key_labels(agg: AggregationSettings, labels: Column) -> Column:
     """The labels kept in the key: grouping_labels, else every label but the name and the rolled up."""
     if agg.grouping_labels is not None:
@@ -140,7 +133,6 @@ def key_string(labels: Column) -> Column:
 
 def select_samples(samples: DataFrame, agg: AggregationSettings) -> DataFrame:
     """bronze/samples rows of this aggregation -> SAMPLE_COLUMNS (pane assigned, key built)."""
-    slide = micros(agg.slide or agg.window)
     # NaN is how Prometheus marks a series stale, not a value to aggregate.
     selected = samples.where(parse_selector(agg.selector).sql()).where(~F.isnan("value"))
     keyed = selected.withColumn("_key_labels", key_labels(agg, F.col("labels")))
@@ -149,7 +141,7 @@ def select_samples(samples: DataFrame, agg: AggregationSettings) -> DataFrame:
         if agg.aggregated_labels
         else F.lit(None).cast("string")
     )
-    pane = F.timestamp_micros(F.floor(F.unix_micros("timestamp") / F.lit(slide)) * F.lit(slide))
+    pane = window_start(F.col("timestamp"), agg.slide or agg.window)
     return keyed.select(
         F.lit(agg.name).alias("aggregation"),
         key_string(F.col("_key_labels")).alias("key"),

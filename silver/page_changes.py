@@ -34,6 +34,8 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
+from bronze.primitives import micros, plus, window_start
+
 KEY = ("wiki_id", "page_id")
 WINDOW_START = "window_start"
 WINDOW_END = "window_end"
@@ -73,21 +75,15 @@ def action_of(kind: Column) -> Column:
     return F.when(kind == DELETE, F.lit(DELETE)).otherwise(F.lit("update"))
 
 
-def _micros(width: timedelta) -> int:
-    return int(width.total_seconds() * 1_000_000)
-
-
 def assign_windows(mode: str, width: timedelta) -> Callable[[DataFrame], DataFrame]:
     """Adds ``window_start``/``window_end`` per event, tumbling or staggered per key."""
-    w = _micros(width)
+    w = micros(width)
     if w <= 0:
         raise ValueError("window width must be positive")
 
     def tumbling(df: DataFrame) -> DataFrame:
-        t = F.unix_micros(F.col("event_time"))
-        start = t - F.pmod(t, F.lit(w))
-        return df.withColumn(WINDOW_START, F.timestamp_micros(start)).withColumn(
-            WINDOW_END, F.timestamp_micros(start + F.lit(w))
+        return df.withColumn(WINDOW_START, window_start(F.col("event_time"), width)).withColumn(
+            WINDOW_END, plus(F.col(WINDOW_START), width)
         )
 
     def staggered(df: DataFrame) -> DataFrame:

@@ -23,6 +23,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import MapType, StringType, StructField, StructType
 
+from bronze.primitives import INTEGER_TYPES
+
 #: One parsed JSON value.
 PROPERTY = StructType([StructField("kind", StringType()), StructField("text", StringType())])
 #: One parsed JSON object: its entries by key.
@@ -48,9 +50,6 @@ GROUP_SET_PROPS = "group_set_props"  # properties.$group_set
 DOCUMENT_COLUMNS = (PROPS, PERSON_PROPS, SET_PROPS, SET_ONCE_PROPS, GROUP_SET_PROPS)
 _PARSED, _PERSON = "_properties_variant", "_person_variant"
 
-#: Variant types of a JSON number written without fraction or exponent (Spark stores ``1.0`` as
-#: DECIMAL(1,0), so a DECIMAL with scale 0 is not one of them).
-INTEGER_VARIANT_TYPES = ("BIGINT", "INT", "SMALLINT", "TINYINT")
 #: Shortest round-trip digits of a double (Schubfach), in Java's notation; jackson-core ships with
 #: Spark. Java 17's own Double.toString is not always the shortest.
 SHORTEST_DOUBLE = "com.fasterxml.jackson.core.io.schubfach.DoubleToDecimal"
@@ -80,7 +79,7 @@ def number_text(value: Column) -> Column:
     only for the numbers that path cannot write.
     """
     kind = F.schema_of_variant(value)
-    integer = F.when(kind.isin(*INTEGER_VARIANT_TYPES) | kind.endswith(",0)"), F.to_json(value))
+    integer = F.when(kind.isin(*INTEGER_TYPES) | kind.endswith(",0)"), F.to_json(value))
     double = F.try_variant_get(value, "$", "double")
     java = F.reflect(F.lit(SHORTEST_DOUBLE), F.lit("toString"), double)  # e.g. -1.25E-5, 2500.0
     parts = r"^-?([0-9]+)\.([0-9]+)(?:E(-?[0-9]+))?$"
@@ -125,7 +124,7 @@ def _kind(json: Column, value: Column) -> Column:
         .when(first == "[", F.lit(ARRAY))
         .when(first.isin("t", "f"), F.lit(BOOLEAN))
         # Spark holds 2.0 as DECIMAL(1,0): its text is 2, but only an integer type was written so.
-        .when(F.schema_of_variant(value).isin(*INTEGER_VARIANT_TYPES), F.lit(INTEGER))
+        .when(F.schema_of_variant(value).isin(*INTEGER_TYPES), F.lit(INTEGER))
         .otherwise(F.lit(NUMBER))
     )
 
