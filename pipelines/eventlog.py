@@ -87,8 +87,14 @@ class RunRecord:
     quality: list[dict[str, Any]] = field(default_factory=list)  # expectation results, see EXPECTATION_RESULTS
 
     def add(self, **metrics: float | int) -> None:
+        """Set figures (a later value replaces an earlier one)."""
         for key, value in metrics.items():
             self.metrics[key] = float(value)
+
+    def incr(self, **metrics: float | int) -> None:
+        """Add to figures (from 0 when not set yet)."""
+        for key, value in metrics.items():
+            self.metrics[key] = self.metrics.get(key, 0.0) + float(value)
 
     def noop(self, why: str) -> None:
         self.status = "noop"

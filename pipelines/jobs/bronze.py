@@ -63,7 +63,7 @@ def parse_landing(
     good, bad = valid(parsed, columns), quarantined(parsed, kind)
     if kind == "events":
         landed_twice = parsed.where(F.col(REASON).isNull() & duplicate_keys(F.col("value").cast("string")))
-        record.add(duplicate_keys=record.metrics.get("duplicate_keys", 0) + landed_twice.count())
+        record.incr(duplicate_keys=landed_twice.count())
     if gate and quality.enabled(ctx):
         checked = quality.run_suite(ctx, record, quality.suite_for(ctx, target.key).for_batches(), good)
         good = checked.kept
@@ -134,7 +134,7 @@ def ingest_files(ctx: Context, kind: str, paths: Sequence[Path]) -> RunRecord:
             txn = AppTxn(f"medallion/ingest-file/{kind}/{f.digest}", 0)
             seen = any(b.digest == f.digest for b, _ in files)
             if seen or ctx.store.txn_version(target, txn.app_id) is not None:
-                record.add(files_skipped=record.metrics.get("files_skipped", 0) + 1)
+                record.incr(files_skipped=1)
                 continue
             files.append((f, txn))
         if not files:

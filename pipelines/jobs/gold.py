@@ -267,11 +267,7 @@ def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:
             schema=EXPORTS.arrow_schema,
         )
         append_once(ctx.store, EXPORTS, log_row, AppTxn(app, seq))
-        record.add(
-            rows_exported=record.metrics.get("rows_exported", 0) + sent,
-            late_corrections=record.metrics.get("late_corrections", 0) + corrections,
-            count_sum=record.metrics.get("count_sum", 0) + count_sum,
-        )
+        record.incr(rows_exported=sent, late_corrections=corrections, count_sum=count_sum)
         return sent
 
     def body(record: RunRecord) -> None:
