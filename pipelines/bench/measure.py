@@ -6,6 +6,7 @@ Memory is sampled from ``/proc`` (resident set size) every 50 ms while a stage r
 
 from __future__ import annotations
 
+import shutil
 import signal
 import statistics
 import subprocess
@@ -15,6 +16,13 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from pipelines.bench.workloads import Size
+    from pipelines.runner import Context
 
 
 @dataclass
@@ -163,3 +171,41 @@ def timed(figure: Figure, units: float | Callable[[], float], extra: dict[str, i
         yield
         elapsed = time.perf_counter() - t0
     figure.record(elapsed, units() if callable(units) else units, mem.peak)
+
+
+@dataclass
+class Bench:
+    """One benchmark run: its size, where results go, the session, and the figures so far."""
+
+    size: Size
+    out: Path
+    spark: SparkSession
+    repeats: int
+    say: Callable[[str], None]
+    figures: dict[str, Figure] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    _runs: int = 0
+
+    @property
+    def clickhouse_dsn(self) -> str:
+        return f"chdb://{self.out / 'work' / 'clickhouse'}"
+
+    def context(self, tag: str, quality: bool = True, **overrides: Any) -> Context:
+        """A fresh lake and ClickHouse database; ``quality=False`` for runs that count rows, not time."""
+        from pipelines.runner import Context
+        from pipelines.settings import load_settings
+        from pipelines.storage import open_store
+
+        self._runs += 1
+        lake = self.out / "work" / f"{tag}-{self._runs}"
+        shutil.rmtree(lake, ignore_errors=True)
+        settings = load_settings(
+            lake_root=str(lake),
+            clickhouse={"dsn": self.clickhouse_dsn, "database": f"bench_{tag}_{self._runs}".replace("-", "_")},
+            quality={"enabled": quality},
+            **overrides,
+        )
+        return Context(settings=settings, spark=self.spark, store=open_store(settings, self.spark), say=lambda _: None)
+
+    def figure(self, stage: str, unit: str, **kw: Any) -> Figure:
+        return self.figures.setdefault(stage, Figure(stage, unit, **kw))

@@ -54,7 +54,7 @@ from silver.metric_panes import pane_run, select_samples
 from silver.page_changes import dedup_page_changes
 
 if TYPE_CHECKING:
-    from pipelines.bench.run import Bench
+    from pipelines.bench.measure import Bench
 
 LABEL = "plain Spark"
 PREFIX = f"{LABEL}: "  # a peer figure is named after its stage: "plain Spark: silver events"
