@@ -55,3 +55,13 @@ def test_no_layer_module_imports_pipelines(layer: str) -> None:
         for line in edge_imports(module.read_text(encoding="utf-8"))
     ]
     assert not offending, f"{layer}/ imports {EDGE}/; pass plain values or a config object in:\n" + "\n".join(offending)
+
+
+#: "No module over about 500 lines": the package's modules stay small enough to read whole.
+MAX_MODULE_LINES = 550
+
+
+def test_no_module_of_the_package_is_over_about_500_lines() -> None:
+    modules = [p for top in (*LAYERS, EDGE) for p in (ROOT / top).rglob("*.py")]
+    long = {str(p.relative_to(ROOT)): n for p in modules if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"split these modules (over {MAX_MODULE_LINES} lines): {long}"
