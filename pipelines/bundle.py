@@ -118,7 +118,7 @@ def _compute(task: dict[str, Any], where: dict[str, Any]) -> dict[str, Any]:
 def pipeline_job() -> dict[str, Any]:
     """The job file's content: the job and its compute per target."""
     deps = stage_dependencies()
-    tasks = [_task(stage, deps[stage]) for stage in ("ingest", *flows.STAGES)]
+    tasks = [_task(stage, deps[stage]) for stage in ("ingest", *flows.stages())]
     job = {
         "name": "medallion-pipeline",
         "schedule": {"quartz_cron_expression": "0 0/5 * * * ?", "timezone_id": "UTC"},

@@ -16,9 +16,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pipelines.errors import InputError
+from pipelines.jobs import counters
 from pipelines.tables import (
     BRONZE_EVENTS,
     BRONZE_PAGE_CHANGES,
@@ -42,8 +43,12 @@ from pipelines.tables import (
 )
 
 if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
     from pipelines.eventlog import RunRecord
+    from pipelines.incremental import Batch, FlowRecord
     from pipelines.runner import Context
+    from pipelines.settings import Settings
     from pipelines.storage import TableSpec
 
 log = logging.getLogger("medallion")
@@ -83,6 +88,30 @@ class Flow:
     external_target: str | None = None
     #: Tables whose quality suite gates this flow's writes.
     gated: tuple[str, ...] = field(default=())
+    #: An incremental flow's code (:mod:`pipelines.incremental`): new source rows -> target rows,
+    #: given its typed config and its record; the runner does the rest.
+    transform: Callable[[Batch, Any, FlowRecord], DataFrame] | None = None
+    #: Builds the transform's typed config from settings, once per run.
+    config: Callable[[Settings], Any] | None = None
+    #: Why the flow has nothing to do under this config (a noop), else None.
+    skip: Callable[[Any], str | None] | None = None
+    #: Figures of what was written (the rows appended), after the commit.
+    figures: Callable[[DataFrame, Any, FlowRecord], None] | None = None
+
+    @property
+    def runnable(self) -> bool:
+        """Run by ``medallion run`` (else started by ``medallion ingest`` or ``serve``)."""
+        return self.run is not None or self.transform is not None
+
+    def execute(self, ctx: Context, options: RunOptions) -> RunRecord:
+        """One run of this flow."""
+        if self.run is not None:
+            return self.run(ctx, options)
+        if self.transform is not None:
+            from pipelines.incremental import run_incremental
+
+            return run_incremental(ctx, self, options)
+        raise InputError(f"{self.name} is started by medallion ingest or serve, not run")
 
 
 def _silver_events(ctx: Context, o: RunOptions) -> RunRecord:
@@ -125,12 +154,6 @@ def _metric_windows(ctx: Context, o: RunOptions) -> RunRecord:
     from pipelines.jobs.metrics import gold_metric_windows
 
     return gold_metric_windows(ctx)
-
-
-def _counter_partials(ctx: Context, o: RunOptions) -> RunRecord:
-    from pipelines.jobs.counters import gold_counter_partials
-
-    return gold_counter_partials(ctx)
 
 
 def _counters(ctx: Context, o: RunOptions) -> RunRecord:
@@ -271,7 +294,10 @@ FLOWS: tuple[Flow, ...] = (
         (GOLD_COUNTER_PARTIALS,),
         "append",
         "silver events -> per-entity counter increments",
-        run=_counter_partials,
+        transform=counters.partials,
+        config=counters.partials_config,
+        skip=counters.partials_skip,
+        figures=counters.partials_figures,
     ),
     Flow(
         "gold.counters",
@@ -302,9 +328,6 @@ FLOWS: tuple[Flow, ...] = (
         external_target=CLICKHOUSE,
     ),
 )
-BY_NAME: dict[str, Flow] = {f.name: f for f in FLOWS}
-#: The stages ``medallion run`` runs, in the order a pass runs them (``all`` is every one).
-STAGES: tuple[str, ...] = tuple(dict.fromkeys(f.stage for f in FLOWS if f.run is not None))
 #: Spellings of earlier releases: accepted with a warning.
 RENAMED = {
     "silver-events": "silver.events",
@@ -314,13 +337,27 @@ RENAMED = {
 }
 
 
+# Everything below reads FLOWS when called, so a test can declare a flow of its own beside them.
+def flow(name: str) -> Flow:
+    """The flow called ``name``."""
+    for f in FLOWS:
+        if f.name == name:
+            return f
+    raise InputError(f"no flow {name!r}; flows: {', '.join(f.name for f in FLOWS)}")
+
+
 def runnable() -> list[Flow]:
-    return [f for f in FLOWS if f.run is not None]
+    return [f for f in FLOWS if f.runnable]
+
+
+def stages() -> tuple[str, ...]:
+    """The stages ``medallion run`` runs, in the order a pass runs them (``all`` is every one)."""
+    return tuple(dict.fromkeys(f.stage for f in runnable()))
 
 
 def names() -> list[str]:
     """What ``medallion run`` takes: the stages, every runnable flow, and ``all``."""
-    return [*STAGES, *(f.name for f in runnable() if f.name not in STAGES), "all"]
+    return [*stages(), *(f.name for f in runnable()), "all"]
 
 
 def resolve(name: str) -> list[Flow]:
@@ -330,12 +367,12 @@ def resolve(name: str) -> list[Flow]:
         name = RENAMED[name]
     if name == "all":
         return runnable()
-    if name in STAGES:
+    if name in stages():
         return [f for f in runnable() if f.stage == name]
-    flow = BY_NAME.get(name)
-    if flow is None or flow.run is None:
+    found = [f for f in runnable() if f.name == name]
+    if not found:
         raise InputError(f"no flow or stage {name!r}; one of: {', '.join(names())}")
-    return [flow]
+    return found
 
 
 def run_pass(
@@ -348,10 +385,8 @@ def run_pass(
     handoff = PartialsHandoff()
     options = RunOptions(buckets=buckets, drain=drain, handoff=handoff)
     try:
-        for flow in flows:
-            if flow.run is None:
-                raise InputError(f"{flow.name} is started by medallion ingest or serve, not run")
-            yield flow.run(ctx, options)
+        for f in flows:
+            yield f.execute(ctx, options)
     finally:
         handoff.release()
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from gold.counters import (
@@ -13,6 +15,7 @@ from gold.counters import (
     FLUSH_ON,
     FLUSH_UPDATE,
     FLUSH_WHEN,
+    Registry,
     by_version,
     crossings,
     exported_changes,
@@ -20,8 +23,10 @@ from gold.counters import (
     increments,
 )
 from pipelines.eventlog import RunRecord
-from pipelines.layer_config import counter_registry
+from pipelines.incremental import Batch, FlowRecord
+from pipelines.layer_config import counter_registry, load_counter_registry
 from pipelines.runner import Context, app_id, pending, run_job
+from pipelines.settings import Settings
 from pipelines.sinks import clickhouse
 from pipelines.storage import AppTxn
 from pipelines.tables import (
@@ -29,36 +34,48 @@ from pipelines.tables import (
     GOLD_COUNTER_MILESTONES,
     GOLD_COUNTER_PARTIALS,
     GOLD_COUNTERS,
-    SILVER_EVENTS,
 )
 
 NO_REGISTRY = "no counter registry configured (counters.registry)"
 
 
-def gold_counter_partials(ctx: Context) -> RunRecord:
+@dataclass(frozen=True)
+class PartialsConfig:
+    """What stage 1 is configured with: the registry (None: no counters) and the window."""
+
+    registry: Registry | None
+    window: timedelta
+
+
+def partials_config(settings: Settings) -> PartialsConfig:
+    path = settings.counters.registry
+    return PartialsConfig(load_counter_registry(path) if path is not None else None, settings.counters.window)
+
+
+def partials_skip(config: PartialsConfig) -> str | None:
+    return NO_REGISTRY if config.registry is None else None
+
+
+def partials(batch: Batch, config: PartialsConfig, record: FlowRecord) -> DataFrame:
     """Stage 1: new silver events -> increments per counter, entity and window."""
-    registry = counter_registry(ctx)
+    assert config.registry is not None  # partials_skip
+    return record.cache(increments(batch.rows, config.registry, config.window, batch.end))
 
-    def body(record: RunRecord) -> None:
-        if registry is None:
-            record.noop(NO_REGISTRY)
-            return
-        ctx.store.ensure(GOLD_COUNTER_PARTIALS)
-        inc = pending(ctx.store, SILVER_EVENTS, GOLD_COUNTER_PARTIALS, app_id("gold.counter_partials", SILVER_EVENTS))
-        if inc is None:
-            record.noop("no new silver events")
-            return
-        events = inc.read(ctx.store)
-        rows = increments(events, registry, ctx.settings.counters.window, inc.end).persist()
-        ctx.store.append(GOLD_COUNTER_PARTIALS, rows, [inc.txn])
-        totals = rows.agg(F.count(F.lit(1)).alias("rows"), F.sum("count").alias("n")).first()
-        rows.unpersist()
-        n, n_rows = (int(totals["n"] or 0), int(totals["rows"])) if totals else (0, 0)
-        record.rows_in, record.rows_out = n, n_rows
-        record.add(increments=n, partial_rows=n_rows)
-        ctx.say(f"gold/counter_partials: {n:,} increments -> {n_rows:,} partial rows")
 
-    return run_job(ctx, "gold.counter_partials", body)
+def partials_figures(rows: DataFrame, config: PartialsConfig, record: FlowRecord) -> None:
+    # One row of totals.
+    totals = rows.agg(F.count(F.lit(1)).alias("rows"), F.sum("count").alias("n")).first()
+    n, n_rows = (int(totals["n"] or 0), int(totals["rows"])) if totals else (0, 0)
+    record.rows(n, n_rows)
+    record.add(increments=n, partial_rows=n_rows)
+    record.say(f"gold/counter_partials: {n:,} increments -> {n_rows:,} partial rows")
+
+
+def gold_counter_partials(ctx: Context) -> RunRecord:
+    """Stage 1 once, as ``medallion run gold.counter_partials`` runs it."""
+    from pipelines.flows import RunOptions, flow
+
+    return flow("gold.counter_partials").execute(ctx, RunOptions())
 
 
 def gold_counters(ctx: Context, drain: bool = False) -> RunRecord:
