@@ -14,12 +14,13 @@ its transform in its layer and its tests.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from expectations.suites import CLICKHOUSE as CLICKHOUSE_TABLE
 from pipelines.errors import InputError
-from pipelines.jobs import counters
+from pipelines.jobs import counters, gold_checks
 from pipelines.tables import (
     BRONZE_EVENTS,
     BRONZE_PAGE_CHANGES,
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 
     from pipelines.eventlog import RunRecord
     from pipelines.incremental import Batch, FlowRecord
+    from pipelines.quality import Frames
     from pipelines.runner import Context
     from pipelines.settings import Settings
     from pipelines.storage import TableSpec
@@ -97,6 +99,11 @@ class Flow:
     skip: Callable[[Any], str | None] | None = None
     #: Figures of what was written (the rows appended), after the commit.
     figures: Callable[[DataFrame, Any, FlowRecord], None] | None = None
+    #: Table key -> how ``medallion validate`` reads it with the figures that tie it to its
+    #: sources (a conservation check of what this flow writes).
+    checks: Mapping[str, Callable[[Context], Frames | None]] = field(default_factory=dict)
+    #: Parameters the suites of the gated tables take from settings.
+    suite_params: Callable[[Settings], dict[str, Any]] | None = None
 
     @property
     def runnable(self) -> bool:
@@ -225,6 +232,7 @@ FLOWS: tuple[Flow, ...] = (
         run=_silver_events,
         by_bucket=True,
         gated=(SILVER_EVENTS.key,),
+        suite_params=lambda settings: {"bucket_count": settings.buckets.count},
     ),
     Flow(
         "silver.page_changes",
@@ -257,6 +265,7 @@ FLOWS: tuple[Flow, ...] = (
         run=_gold_merge,
         by_bucket=True,
         gated=(GOLD_PROPERTY_VALUES.key,),
+        checks={GOLD_PROPERTY_VALUES.key: gold_checks.gold_frames},
     ),
     Flow(
         "export.clickhouse",
@@ -267,7 +276,8 @@ FLOWS: tuple[Flow, ...] = (
         "closed windows' count changes -> ClickHouse property_values, exactly once",
         run=_export_clickhouse,
         external_target=CLICKHOUSE,
-        gated=("export/property_values",),
+        gated=(CLICKHOUSE_TABLE,),
+        checks={CLICKHOUSE_TABLE: gold_checks.clickhouse_frames},
     ),
     Flow(
         "silver.metric_panes",
@@ -344,6 +354,23 @@ def flow(name: str) -> Flow:
         if f.name == name:
             return f
     raise InputError(f"no flow {name!r}; flows: {', '.join(f.name for f in FLOWS)}")
+
+
+def checks_for(table: str) -> Callable[[Context], Frames | None] | None:
+    """How ``medallion validate`` reads ``table`` with its conservation figures, if a flow says."""
+    for f in FLOWS:
+        if table in f.checks:
+            return f.checks[table]
+    return None
+
+
+def suite_params(table: str, settings: Settings) -> dict[str, Any]:
+    """The parameters the suite of ``table`` takes from settings, from the flows it gates."""
+    params: dict[str, Any] = {}
+    for f in FLOWS:
+        if table in f.gated and f.suite_params is not None:
+            params.update(f.suite_params(settings))
+    return params
 
 
 def runnable() -> list[Flow]:

@@ -15,19 +15,17 @@ import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from bronze.landing import LANDING_COLUMNS, QUARANTINE_SCHEMA, RAW
 from bronze.primitives import DROPPED_REASON, quarantine_row
 from pipelines.errors import MedallionError, SettingsError
 from pipelines.eventlog import RunRecord
-from pipelines.layer_config import fanout_rules
 from pipelines.runner import Context, append_once
 from pipelines.storage import AppTxn
 from pipelines.storage.base import conform
@@ -85,9 +83,9 @@ def suite_for(ctx: Context, table: str, **params: Any) -> Suite:
     """The suite of ``table`` with the policies from settings (bad policy settings raise)."""
     from expectations.core import PolicyError
     from expectations.suites import SUITES
+    from pipelines import flows
 
-    if table == "silver/events":
-        params.setdefault("bucket_count", ctx.settings.buckets.count)
+    params = {**flows.suite_params(table, ctx.settings), **params}
     try:
         return SUITES[table](**params).with_policies(ctx.settings.quality.policies)
     except PolicyError as exc:
@@ -223,7 +221,7 @@ class TableValidation:
 def validate_tables(ctx: Context, record: RunRecord, tables: Sequence[str]) -> list[TableValidation]:
     """Validate whole tables (and their cross-table figures); failures are reported, not raised."""
     from expectations.runner import validate
-    from expectations.suites import CLICKHOUSE, SUITES
+    from expectations.suites import SUITES
     from pipelines.errors import InputError
 
     unknown = [t for t in tables if t not in SUITES]
@@ -231,10 +229,7 @@ def validate_tables(ctx: Context, record: RunRecord, tables: Sequence[str]) -> l
         raise InputError(f"no suite for {', '.join(unknown)}; suites: {', '.join(SUITES)}")
     out = []
     for table in tables or list(SUITES):
-        if table == CLICKHOUSE:
-            loaded = _clickhouse_frames(ctx)
-        else:
-            loaded = _table_frames(ctx, table)
+        loaded = _table_frames(ctx, table)
         if loaded is None:
             out.append(TableValidation(table, None, "table does not exist yet"))
             continue
@@ -249,85 +244,19 @@ def validate_tables(ctx: Context, record: RunRecord, tables: Sequence[str]) -> l
     return out
 
 
-def _total(column: str) -> Column:
-    """Sum of ``column`` as a long, 0 for no rows: the figures compare sums of possibly empty tables."""
-    return F.coalesce(F.sum(column), F.lit(0)).cast("long")
-
-
 Frames = tuple[DataFrame, DataFrame | None, dict[str, Any], str | None]
 
 
 def _table_frames(ctx: Context, table: str) -> Frames | None:
-    from pipelines.tables import GOLD_PROPERTY_VALUES
+    """A table as its suite checks it: the flow that writes it may add figures that tie it to its
+    sources (a conservation check, declared with the flow); otherwise the table alone."""
+    from pipelines import flows
     from pipelines.tables import table as spec_of
 
+    checks = flows.checks_for(table)
+    if checks is not None:
+        return checks(ctx)
     spec = spec_of(table)
     if not ctx.store.exists(spec):
         return None
-    df = ctx.store.read(spec)
-    if spec != GOLD_PROPERTY_VALUES:
-        return df, None, {}, None
-    return _gold_frames(ctx, df)
-
-
-def _gold_frames(ctx: Context, gold: DataFrame) -> Frames:
-    """Gold rows plus the figures that tie them to the partials and to the silver fan-out.
-
-    The sums are taken at the versions the merge and stage-1 jobs recorded as processed, so a
-    pipeline that is merely behind still conserves. Runs split by ``--bucket`` record per-bucket
-    progress; the fan-out comparison is then skipped (and said so).
-    """
-    from gold.property_values import fan_out
-    from pipelines.runner import app_id
-    from pipelines.tables import GOLD_PARTIALS, GOLD_PROPERTY_VALUES, SILVER_EVENTS
-
-    store = ctx.store
-    total = _total("count")
-    gold_sum = gold.agg(total).first()[0]  # type: ignore[index]
-    merged = store.txn_version(GOLD_PROPERTY_VALUES, app_id("gold.merge", GOLD_PARTIALS))
-    partial_sum = (
-        store.read_inserted(GOLD_PARTIALS, 0, merged).agg(total).first()[0]  # type: ignore[index]
-        if merged is not None
-        else None
-    )
-    figures: dict[str, int | None] = {"gold_count_sum": gold_sum, "partial_count_sum": partial_sum}
-    fanned = store.txn_version(GOLD_PARTIALS, app_id("gold.partials", SILVER_EVENTS))
-    note = None
-    if fanned is not None and merged is not None and merged == store.version(GOLD_PARTIALS):
-        events = store.read_inserted(SILVER_EVENTS, 0, fanned)
-        tuples = events.transform(fan_out(fanout_rules(ctx))).where("skip_reason IS NULL").count()
-        figures["fanout_tuples"] = tuples
-    else:
-        note = "partials_equal_fanout skipped: gold runs per bucket or the merge is behind its partials"
-    frame = ctx.spark.createDataFrame([figures], "gold_count_sum long, partial_count_sum long, fanout_tuples long")
-    return gold, frame, {"with_fanout": "fanout_tuples" in figures}, note
-
-
-def _clickhouse_frames(ctx: Context) -> Frames | None:
-    """ClickHouse's rows (merged with FINAL) and the figures that tie them to the export state."""
-    from pipelines.sinks import clickhouse
-    from pipelines.tables import GOLD_EXPORTED
-
-    if not ctx.store.exists(GOLD_EXPORTED):
-        return None
-    with clickhouse.connect(ctx.settings) as client:
-        rows = clickhouse.read_property_values(client, ctx.settings.clickhouse.database)
-    df = ctx.store.to_spark(rows)
-    exported = ctx.store.read(GOLD_EXPORTED).where("exported_count > 0")
-    note = None
-    ttl = ctx.settings.clickhouse.ttl_days
-    if ttl:
-        # Rows past the TTL leave ClickHouse whenever it merges, so both sides are held to the
-        # windows none of whose rows can have expired yet (a day of margin).
-        cutoff = datetime.now(UTC).replace(tzinfo=None) - timedelta(days=ttl - 1)
-        df = df.where(F.col("window_start") >= F.lit(cutoff))
-        exported = exported.where(F.col("window_start") >= F.lit(cutoff))
-        note = f"windows before {cutoff:%Y-%m-%d %H:%M} UTC left out: clickhouse.ttl_days={ttl} expires them"
-    ex = exported.agg(_total("exported_count"), F.count(F.lit(1))).first()
-    ch = df.agg(_total("count"), F.count(F.lit(1))).first()
-    assert ex is not None and ch is not None
-    figures = ctx.spark.createDataFrame(
-        [(ch[0], ex[0], ch[1], ex[1])],
-        "clickhouse_count_sum long, exported_count_sum long, clickhouse_rows long, exported_rows long",
-    )
-    return df, figures, {}, note
+    return ctx.store.read(spec), None, {}, None
