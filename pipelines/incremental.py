@@ -5,7 +5,8 @@ commits and appends the transform's rows to its target. Its code sees only a :cl
 new rows and their source versions), the typed config its ``config`` built from settings once per
 run, and a :class:`FlowRecord` for its figures. The runner owns the rest:
 
-- ensuring the target, the split check for flows that split by bucket, and the pending increment;
+- ensuring the target, the pending increment and, for flows that split by bucket, the split
+  check and the batch cut to the run's buckets;
 - the quality gate of the target's suite, the append with the app transaction in the same commit;
 - conflict retries and the event-log record (:func:`pipelines.runner.run_job`);
 - every frame the flow cached (:meth:`FlowRecord.cache`), released on every exit, errors included.
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from pipelines.eventlog import RunRecord
 from pipelines.runner import Context, app_id, check_split, pending, run_job, task_name
@@ -90,7 +92,10 @@ def run_incremental(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
             return
         figures = FlowRecord(record, ctx.say)
         try:
-            out = transform(Batch(inc.read(ctx.store), inc.start, inc.end, buckets), config, figures)
+            rows = inc.read(ctx.store)
+            if buckets:  # a split run: this task's buckets only (the source carries each row's bucket)
+                rows = rows.where(F.col("bucket").isin(*sorted(set(buckets))))
+            out = transform(Batch(rows, inc.start, inc.end, buckets), config, figures)
             if target.key in flow.gated:
                 from pipelines import quality
 

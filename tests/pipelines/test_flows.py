@@ -50,6 +50,7 @@ EXAMPLE = Flow(
     "append",
     "silver events -> events per name",
     transform=event_names,
+    by_bucket=True,  # like the rest of gold: the bundle runs it once per bucket
 )
 
 
@@ -83,3 +84,22 @@ def test_the_runner_runs_a_declared_flow_exactly_once(registered: Flow, tmp_path
     assert again.status == "noop"
     logged = lake.context.store.read(PIPELINE_EVENTS).where("job = 'gold.event_names'").collect()
     assert sorted(r["status"] for r in logged) == ["noop", "ok"]
+
+
+def test_a_flow_split_by_bucket_counts_each_row_in_its_buckets_task(
+    registered: Flow, tmp_path: Path, spark: SparkSession
+) -> None:
+    events = fixtures.write_posthog_events(tmp_path / "in" / "events.jsonl")
+    lake = medallion.open(lake_root=str(tmp_path / "lake"), spark=spark, buckets={"count": 2})
+    lake.ingest("events", [str(events)])
+    lake.run("silver.events")
+    by_bucket = {
+        b: Counter(r["event"] for r in lake.table("silver/events").where(f"bucket = {b}").collect()) for b in (0, 1)
+    }
+    for b in (0, 1):
+        (record,) = lake.run("gold.event_names", buckets=[b])
+        assert (record.job, record.rows_in) == (f"gold.event_names#buckets={b}", sum(by_bucket[b].values()))
+    got = Counter()
+    for r in lake.context.store.read(EVENT_NAMES).collect():
+        got[r["event"]] += r["events"]
+    assert got == by_bucket[0] + by_bucket[1]
