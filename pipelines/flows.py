@@ -93,6 +93,9 @@ class Flow:
     #: An incremental flow's code (:mod:`pipelines.incremental`): new source rows -> target rows,
     #: given its typed config and its record; the runner does the rest.
     transform: Callable[[Batch, Any, FlowRecord], DataFrame] | None = None
+    #: What its transform gets of the source's new commits: the rows they added, or their change
+    #: feed (``_change_type``, ``_commit_version``, ...).
+    reads: Literal["inserts", "changes"] = "inserts"
     #: Builds the transform's typed config from settings, once per run.
     config: Callable[[Settings], Any] | None = None
     #: Why the flow has nothing to do under this config (a noop), else None.
@@ -167,12 +170,6 @@ def _counters(ctx: Context, o: RunOptions) -> RunRecord:
     from pipelines.jobs.counters import gold_counters
 
     return gold_counters(ctx, drain=o.drain)
-
-
-def _milestones(ctx: Context, o: RunOptions) -> RunRecord:
-    from pipelines.jobs.counters import counter_milestones
-
-    return counter_milestones(ctx)
 
 
 def _export_counters(ctx: Context, o: RunOptions) -> RunRecord:
@@ -325,7 +322,11 @@ FLOWS: tuple[Flow, ...] = (
         (GOLD_COUNTER_MILESTONES,),
         "append",
         "counter changes -> thresholds crossed",
-        run=_milestones,
+        transform=counters.milestones,
+        reads="changes",
+        config=counters.partials_config,
+        skip=counters.partials_skip,
+        figures=counters.milestones_figures,
     ),
     Flow(
         "export.counters",

@@ -92,7 +92,9 @@ def run_incremental(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
             return
         figures = FlowRecord(record, ctx.say)
         try:
-            rows = inc.read(ctx.store)
+            rows = (
+                inc.read(ctx.store) if flow.reads == "inserts" else ctx.store.read_changes(source, inc.start, inc.end)
+            )
             if buckets:  # a split run: this task's buckets only (the source carries each row's bucket)
                 rows = rows.where(F.col("bucket").isin(*sorted(set(buckets))))
             out = transform(Batch(rows, inc.start, inc.end, buckets), config, figures)

@@ -31,7 +31,6 @@ from pipelines.sinks import clickhouse
 from pipelines.storage import AppTxn
 from pipelines.tables import (
     COUNTER_EXPORTS,
-    GOLD_COUNTER_MILESTONES,
     GOLD_COUNTER_PARTIALS,
     GOLD_COUNTERS,
 )
@@ -124,31 +123,24 @@ def gold_counters(ctx: Context, drain: bool = False) -> RunRecord:
     return run_job(ctx, "gold.counters", body)
 
 
+def milestones(batch: Batch, config: PartialsConfig, record: FlowRecord) -> DataFrame:
+    """Thresholds crossed by committed counter changes (the batch is gold/counters' change feed)."""
+    assert config.registry is not None  # partials_skip
+    return record.cache(crossings(batch.rows, config.registry))
+
+
+def milestones_figures(rows: DataFrame, config: PartialsConfig, record: FlowRecord) -> None:
+    n = rows.count()
+    record.rows(0, n)
+    record.add(milestones=n)
+    record.say(f"gold/counter_milestones: {n:,} threshold(s) crossed")
+
+
 def counter_milestones(ctx: Context) -> RunRecord:
-    """Thresholds crossed by committed counter changes (read from the change data feed)."""
-    registry = counter_registry(ctx)
-    app = app_id("gold.counter_milestones", GOLD_COUNTERS)
+    """Milestones once, as ``medallion run gold.counter_milestones`` runs them."""
+    from pipelines.flows import RunOptions, flow
 
-    def body(record: RunRecord) -> None:
-        if registry is None:
-            record.noop(NO_REGISTRY)
-            return
-        for spec in (GOLD_COUNTERS, GOLD_COUNTER_MILESTONES):
-            ctx.store.ensure(spec)
-        inc = pending(ctx.store, GOLD_COUNTERS, GOLD_COUNTER_MILESTONES, app)
-        if inc is None:
-            record.noop("no new counter changes")
-            return
-        changes = ctx.store.read_changes(GOLD_COUNTERS, inc.start, inc.end)
-        rows = crossings(changes, registry).persist()
-        ctx.store.append(GOLD_COUNTER_MILESTONES, rows, [inc.txn])
-        n = rows.count()
-        rows.unpersist()
-        record.rows_out = n
-        record.add(milestones=n, counters_from=inc.start, counters_to=inc.end)
-        ctx.say(f"gold/counter_milestones: {n:,} threshold(s) crossed")
-
-    return run_job(ctx, "gold.counter_milestones", body)
+    return flow("gold.counter_milestones").execute(ctx, RunOptions())
 
 
 def export_counters(ctx: Context) -> RunRecord:
