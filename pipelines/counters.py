@@ -14,7 +14,7 @@ from pipelines.tables import GOLD_COUNTER_MILESTONES, GOLD_COUNTER_PARTIALS, GOL
 
 def show(ctx: Context, name: str, top: int = 10) -> dict[str, Any]:
     """The ``top`` entities of counter ``name`` by total, with milestones and pending increments."""
-    registry = counter_registry(ctx)
+    registry = counter_registry(ctx.settings)
     if registry is None:
         raise SettingsError(["no counter registry configured: set MEDALLION_COUNTERS__REGISTRY to a YAML file"])
     found = counter(registry, name)

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from expectations.suites import CLICKHOUSE as CLICKHOUSE_TABLE
 from pipelines.errors import InputError
 from pipelines.jobs import counters, gold_checks
+from pipelines.jobs import silver as silver_jobs
+from pipelines.layer_config import bucket_mapping
 from pipelines.tables import (
     BRONZE_EVENTS,
     BRONZE_PAGE_CHANGES,
@@ -124,12 +126,6 @@ class Flow:
         raise InputError(f"{self.name} is started by medallion ingest or serve, not run")
 
 
-def _silver_events(ctx: Context, o: RunOptions) -> RunRecord:
-    from pipelines.jobs.silver import silver_events
-
-    return silver_events(ctx, o.buckets)
-
-
 def _silver_page_changes(ctx: Context, o: RunOptions) -> RunRecord:
     from pipelines.jobs.silver import silver_page_changes
 
@@ -226,7 +222,9 @@ FLOWS: tuple[Flow, ...] = (
         (SILVER_EVENTS,),
         "append",
         "bronze events -> silver events with their team bucket",
-        run=_silver_events,
+        transform=silver_jobs.events,
+        config=bucket_mapping,
+        figures=silver_jobs.events_figures,
         by_bucket=True,
         gated=(SILVER_EVENTS.key,),
         suite_params=lambda settings: {"bucket_count": settings.buckets.count},

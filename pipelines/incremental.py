@@ -22,6 +22,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from pipelines.eventlog import RunRecord
+from pipelines.layer_config import bucket_mapping
 from pipelines.runner import Context, app_id, check_split, pending, run_job, task_name
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ def run_incremental(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
             return
         ctx.store.ensure(target)
         if flow.by_bucket:
-            check_split(ctx.store, flow.name, source, target, buckets, ctx.settings.buckets.count)
+            check_split(ctx.store, flow.name, source, target, buckets, bucket_mapping(ctx.settings).count)
         inc = pending(ctx.store, source, target, app_id(flow.name, source, buckets))
         if inc is None:
             record.noop(f"no new rows in {source.key}")
@@ -95,7 +96,7 @@ def run_incremental(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
             rows = (
                 inc.read(ctx.store) if flow.reads == "inserts" else ctx.store.read_changes(source, inc.start, inc.end)
             )
-            if buckets:  # a split run: this task's buckets only (the source carries each row's bucket)
+            if buckets and "bucket" in source.schema.fieldNames():  # a split run: its buckets' rows only
                 rows = rows.where(F.col("bucket").isin(*sorted(set(buckets))))
             out = transform(Batch(rows, inc.start, inc.end, buckets), config, figures)
             if target.key in flow.gated:

@@ -14,23 +14,23 @@ import yaml
 from gold.counters import Counter, Registry, RegistryError, load_registry
 from gold.property_values import FanoutRules, TeamFilter
 from pipelines.errors import SettingsError
-from pipelines.runner import Context
+from pipelines.settings import Settings
 from silver.buckets import BucketMapping
 
 
-def fanout_rules(ctx: Context) -> FanoutRules:
-    g = ctx.settings.gold
+def fanout_rules(settings: Settings) -> FanoutRules:
+    g = settings.gold
     return FanoutRules(g.max_key_length, g.max_value_length, tuple(g.excluded_keys), g.nested_values)
 
 
-def team_filter(ctx: Context) -> TeamFilter:
-    t = ctx.settings.gold.teams
+def team_filter(settings: Settings) -> TeamFilter:
+    t = settings.gold.teams
     return TeamFilter(tuple(t.allow), tuple(t.block), t.rollout_percent)
 
 
-def bucket_mapping(ctx: Context) -> BucketMapping:
+def bucket_mapping(settings: Settings) -> BucketMapping:
     """The mapping file named in settings, or hash-only buckets when none is set."""
-    cfg = ctx.settings.buckets
+    cfg = settings.buckets
     if cfg.mapping_file is None:
         return BucketMapping(cfg.count)
     path = Path(cfg.mapping_file)
@@ -51,8 +51,8 @@ def load_counter_registry(path: Path) -> Registry:
         raise SettingsError(exc.problems) from None
 
 
-def counter_registry(ctx: Context) -> Registry | None:
-    path = ctx.settings.counters.registry
+def counter_registry(settings: Settings) -> Registry | None:
+    path = settings.counters.registry
     return load_counter_registry(path) if path is not None else None
 
 

@@ -121,12 +121,12 @@ def page_changes(ctx: Context, bronze: DataFrame, write: Write) -> None:
 
 
 def silver_events(ctx: Context, bronze: DataFrame, write: Write) -> None:
-    write(SILVER_EVENTS.key, bronze.transform(to_silver_events(jobs.bucket_mapping(ctx))))
+    write(SILVER_EVENTS.key, bronze.transform(to_silver_events(jobs.bucket_mapping(ctx.settings))))
 
 
 def gold(ctx: Context, events: DataFrame, write: Write) -> None:
     # Two steps as in the stage: stage 2 reads what stage 1 wrote.
-    tuples = events.transform(fan_out(jobs.fanout_rules(ctx)))
+    tuples = events.transform(fan_out(jobs.fanout_rules(ctx.settings)))
     parts = write(GOLD_PARTIALS.key, tuples.transform(partials(ctx.settings.gold.window)))
     write(GOLD_PROPERTY_VALUES.key, parts.transform(merge_source()))
 

@@ -42,7 +42,7 @@ def buckets_plan(state: State, count: int | None, max_moves: int, out: Path | No
     from silver.buckets import bucket_of, plan_buckets
 
     ctx = state.context()
-    mapping = jobs.bucket_mapping(ctx)
+    mapping = jobs.bucket_mapping(ctx.settings)
     source = SILVER_EVENTS if ctx.store.version(SILVER_EVENTS) is not None else BRONZE_EVENTS
     if ctx.store.version(source) is None:
         raise click.UsageError("no events yet: land some before planning buckets")

@@ -82,7 +82,7 @@ def gold_counters(ctx: Context, drain: bool = False) -> RunRecord:
 
     ``drain`` flushes every entity with new partials whatever its tier (the end of a backfill).
     """
-    registry = counter_registry(ctx)
+    registry = counter_registry(ctx.settings)
 
     def body(record: RunRecord) -> None:
         if registry is None:

@@ -52,7 +52,7 @@ from silver.buckets import in_buckets
 def counted_teams(ctx: Context, record: RunRecord, rows: DataFrame, metric: str) -> DataFrame:
     """``rows`` of the teams gold counts (``gold.teams``); how many rows it leaves out goes to the
     event log as ``metric`` (a figure, counted only when a filter is set)."""
-    teams = team_filter(ctx)
+    teams = team_filter(ctx.settings)
     if teams.everyone:
         return rows
     record.add(**{metric: rows.where(~teams.admits(F.col("team_id"))).count()})
@@ -98,7 +98,9 @@ def gold_partials(
 
     def body(record: RunRecord) -> None:
         ctx.store.ensure(GOLD_PARTIALS)
-        check_split(ctx.store, "gold.partials", SILVER_EVENTS, GOLD_PARTIALS, buckets, bucket_mapping(ctx).count)
+        check_split(
+            ctx.store, "gold.partials", SILVER_EVENTS, GOLD_PARTIALS, buckets, bucket_mapping(ctx.settings).count
+        )
         inc = pending(ctx.store, SILVER_EVENTS, GOLD_PARTIALS, app_id("gold.partials", SILVER_EVENTS, buckets))
         if inc is None:
             record.noop("no new silver events")
@@ -108,7 +110,9 @@ def gold_partials(
         # One aggregation gives the partials and the skip figures; the fan-out rows themselves
         # are never kept. The time is a literal so every read of the batch sees the same one.
         counts = (
-            events.transform(fan_out(fanout_rules(ctx))).transform(tuple_counts(ctx.settings.gold.window)).persist()
+            events.transform(fan_out(fanout_rules(ctx.settings)))
+            .transform(tuple_counts(ctx.settings.gold.window))
+            .persist()
         )
         handed_off = False
         try:
@@ -140,7 +144,9 @@ def gold_merge(ctx: Context, buckets: Sequence[int] | None = None, handoff: Part
 
     def body(record: RunRecord) -> None:
         ctx.store.ensure(GOLD_PROPERTY_VALUES)
-        check_split(ctx.store, "gold.merge", GOLD_PARTIALS, GOLD_PROPERTY_VALUES, buckets, bucket_mapping(ctx).count)
+        check_split(
+            ctx.store, "gold.merge", GOLD_PARTIALS, GOLD_PROPERTY_VALUES, buckets, bucket_mapping(ctx.settings).count
+        )
         inc = pending(ctx.store, GOLD_PARTIALS, GOLD_PROPERTY_VALUES, app_id("gold.merge", GOLD_PARTIALS, buckets))
         if inc is None:
             record.noop("no new partials")

@@ -46,7 +46,7 @@ def gold_frames(ctx: Context) -> Frames | None:
     note = None
     if fanned is not None and merged is not None and merged == store.version(GOLD_PARTIALS):
         events = store.read_inserted(SILVER_EVENTS, 0, fanned)
-        tuples = events.transform(fan_out(fanout_rules(ctx))).where("skip_reason IS NULL").count()
+        tuples = events.transform(fan_out(fanout_rules(ctx.settings))).where("skip_reason IS NULL").count()
         figures["fanout_tuples"] = tuples
     else:
         note = "partials_equal_fanout skipped: gold runs per bucket or the merge is behind its partials"

@@ -5,22 +5,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from pipelines import quality
 from pipelines.eventlog import RunRecord
+from pipelines.incremental import Batch, FlowRecord
 from pipelines.jobs.outbox import publish_outbox
-from pipelines.layer_config import bucket_mapping
-from pipelines.runner import Context, after, app_id, check_split, pending, run_job, task_name
+from pipelines.runner import Context, after, app_id, run_job
 from pipelines.storage import AppTxn
 from pipelines.tables import (
-    BRONZE_EVENTS,
     BRONZE_PAGE_CHANGES,
-    SILVER_EVENTS,
     SILVER_PAGE_CHANGE_STATE,
     SILVER_PAGE_CHANGES,
 )
-from silver.buckets import in_buckets
+from silver.buckets import BucketMapping, in_buckets
 from silver.events import to_silver_events
 from silver.page_changes import (
     EVENT_COLUMNS,
@@ -34,42 +33,40 @@ from silver.page_changes import (
 )
 
 
+def events(batch: Batch, mapping: BucketMapping, record: FlowRecord) -> DataFrame:
+    """New bronze events -> silver events with their team bucket (this run's buckets only).
+
+    Not cached: the gate's checks and the figures read the event columns only, so Spark leaves the
+    property parse out of them and re-reads those columns from bronze; the documents are parsed
+    once, by the write. (Caching the batch cost more than the parse it saved: the cache holds
+    every parsed document.)
+    """
+    return batch.rows.transform(to_silver_events(mapping)).transform(in_buckets(batch.buckets))
+
+
+def events_figures(out: DataFrame, mapping: BucketMapping, record: FlowRecord) -> None:
+    # One row per bucket: the batch's figures, not its rows.
+    per_bucket = out.groupBy("bucket").agg(F.count(F.lit(1)).alias("n"), F.max("event_time").alias("t")).collect()
+    n_out = sum(int(r["n"]) for r in per_bucket)
+    record.rows(n_out, n_out)
+    record.add(**{f"bucket.{r['bucket']}.events": int(r["n"]) for r in per_bucket})
+    # Lag: how far behind now the newest event of each bucket in this batch is.
+    now = datetime.now(UTC).timestamp()
+    record.add(
+        **{
+            f"bucket.{r['bucket']}.lag_seconds": round(now - r["t"].timestamp(), 3)
+            for r in per_bucket
+            if r["t"] is not None
+        }
+    )
+    record.say(f"silver/events: {n_out:,} events in {len(per_bucket)} bucket(s)")
+
+
 def silver_events(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
-    """New bronze events -> silver events with their team bucket."""
-    mapping = bucket_mapping(ctx)
+    """silver.events once, as ``medallion run silver.events`` runs it."""
+    from pipelines.flows import RunOptions, flow
 
-    def body(record: RunRecord) -> None:
-        ctx.store.ensure(SILVER_EVENTS)
-        check_split(ctx.store, "silver.events", BRONZE_EVENTS, SILVER_EVENTS, buckets, mapping.count)
-        inc = pending(ctx.store, BRONZE_EVENTS, SILVER_EVENTS, app_id("silver.events", BRONZE_EVENTS, buckets))
-        if inc is None:
-            record.noop("no new bronze events")
-            return
-        # Not cached: the gate's checks and the figures read the event columns only, so Spark
-        # leaves the property parse out of them and re-reads those columns from bronze; the
-        # documents are parsed once, by the write. (Caching the batch cost more than the parse
-        # it saved: the cache holds every parsed document.)
-        batch = inc.read(ctx.store).transform(to_silver_events(mapping)).transform(in_buckets(buckets))
-        out = quality.gate(ctx, record, SILVER_EVENTS.key, batch, inc.txn)
-        ctx.store.append(SILVER_EVENTS, out, [inc.txn])
-        # One row per bucket: the batch's figures, not its rows.
-        per_bucket = out.groupBy("bucket").agg(F.count(F.lit(1)).alias("n"), F.max("event_time").alias("t")).collect()
-        n_out = sum(int(r["n"]) for r in per_bucket)
-        record.rows_in = record.rows_out = n_out
-        record.add(**{f"bucket.{r['bucket']}.events": int(r["n"]) for r in per_bucket})
-        # Lag: how far behind now the newest event of each bucket in this batch is.
-        now = datetime.now(UTC).timestamp()
-        record.add(
-            **{
-                f"bucket.{r['bucket']}.lag_seconds": round(now - r["t"].timestamp(), 3)
-                for r in per_bucket
-                if r["t"] is not None
-            }
-        )
-        record.add(source_from=inc.start, source_to=inc.end)
-        ctx.say(f"silver/events: {n_out:,} events in {len(per_bucket)} bucket(s)")
-
-    return run_job(ctx, task_name("silver.events", buckets), body)
+    return flow("silver.events").execute(ctx, RunOptions(buckets=buckets))
 
 
 def silver_page_changes(ctx: Context, drain: bool = False) -> RunRecord:
