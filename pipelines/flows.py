@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 
     from pipelines.eventlog import RunRecord
     from pipelines.incremental import Batch, FlowRecord
+    from pipelines.jobs.gold import PartialsHandoff
     from pipelines.quality import Frames
     from pipelines.runner import Context
     from pipelines.settings import Settings
@@ -70,7 +71,7 @@ class RunOptions:
     #: Treat every window as closed (the end of a backfill).
     drain: bool = False
     #: Shared by the flows of one pass (gold's stage 2 takes stage 1's partials from memory).
-    handoff: object | None = None
+    handoff: PartialsHandoff | None = None
 
 
 @dataclass(frozen=True)
@@ -133,15 +134,15 @@ def _silver_page_changes(ctx: Context, o: RunOptions) -> RunRecord:
 
 
 def _gold_partials(ctx: Context, o: RunOptions) -> RunRecord:
-    from pipelines.jobs.gold import PartialsHandoff, gold_partials
+    from pipelines.jobs.gold import gold_partials
 
-    return gold_partials(ctx, o.buckets, o.handoff if isinstance(o.handoff, PartialsHandoff) else None)
+    return gold_partials(ctx, o.buckets, o.handoff)
 
 
 def _gold_merge(ctx: Context, o: RunOptions) -> RunRecord:
-    from pipelines.jobs.gold import PartialsHandoff, gold_merge
+    from pipelines.jobs.gold import gold_merge
 
-    return gold_merge(ctx, o.buckets, o.handoff if isinstance(o.handoff, PartialsHandoff) else None)
+    return gold_merge(ctx, o.buckets, o.handoff)
 
 
 def _export_clickhouse(ctx: Context, o: RunOptions) -> RunRecord:
@@ -300,8 +301,8 @@ FLOWS: tuple[Flow, ...] = (
         "append",
         "silver events -> per-entity counter increments",
         transform=counters.partials,
-        config=counters.partials_config,
-        skip=counters.partials_skip,
+        config=counters.counter_config,
+        skip=counters.no_registry,
         figures=counters.partials_figures,
     ),
     Flow(
@@ -322,8 +323,8 @@ FLOWS: tuple[Flow, ...] = (
         "counter changes -> thresholds crossed",
         transform=counters.milestones,
         reads="changes",
-        config=counters.partials_config,
-        skip=counters.partials_skip,
+        config=counters.counter_config,
+        skip=counters.no_registry,
         figures=counters.milestones_figures,
     ),
     Flow(
@@ -415,12 +416,3 @@ def run_pass(
             yield f.execute(ctx, options)
     finally:
         handoff.release()
-
-
-def producers() -> dict[str, list[Flow]]:
-    """Table key -> the flows that write it."""
-    out: dict[str, list[Flow]] = {}
-    for f in FLOWS:
-        for t in f.targets:
-            out.setdefault(t.key, []).append(f)
-    return out

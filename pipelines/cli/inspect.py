@@ -54,6 +54,7 @@ def status(state: State, runs: int) -> None:
         console.print("No runs yet.")
         return
     print_flows(ctx)
+    # At most --runs rows, to print.
     recent = ctx.store.read(PIPELINE_EVENTS).orderBy("ended_at", ascending=False).limit(runs).collect()
     r = Table(title="Latest runs", title_justify="left")
     for col in ("ended", "job", "status", "in", "out", "seconds", "metrics"):

@@ -151,7 +151,7 @@ def print_quality(ctx: Any) -> None:
         .withColumn("_n", F.row_number().over(latest))
         .where("_n = 1")
         .orderBy("dataset", "expectation")
-        .collect()
+        .collect()  # one row per expectation of every suite: a few dozen, to print
     )
     print_results(rows, title="Latest data quality (per expectation, newest result)")
 
@@ -216,7 +216,7 @@ def print_buckets(ctx: Any) -> None:
             F.max("ingest_time").alias("newest_ingest"),
         )
         .orderBy("bucket")
-        .collect()
+        .collect()  # one row per bucket, to print
     )
     t = Table(title="Buckets (silver/events)", title_justify="left")
     for col in ("bucket", "events", "teams", "newest event", "newest ingest", "bronze commits behind"):
@@ -236,7 +236,7 @@ def print_buckets(ctx: Any) -> None:
 
 
 def show_rows(df: Any, limit: int, fmt: str) -> None:
-    rows = df.limit(limit).collect()
+    rows = df.limit(limit).collect()  # at most --limit rows, to print
     cols = df.columns
     if fmt == "json":
         for row in rows:

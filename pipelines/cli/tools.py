@@ -51,7 +51,7 @@ def buckets_plan(state: State, count: int | None, max_moves: int, out: Path | No
         .groupBy("team_id")
         .agg(F.count(F.lit(1)).alias("n"))
         .withColumn("bucket", bucket_of(F.col("team_id"), mapping))
-        .collect()
+        .collect()  # one row per team: the planner places every team by its volume
     )
     volumes = {int(r["team_id"]): int(r["n"]) for r in rows}
     current = {int(r["team_id"]): int(r["bucket"]) for r in rows}

@@ -24,7 +24,7 @@ from gold.counters import (
 )
 from pipelines.eventlog import RunRecord
 from pipelines.incremental import Batch, FlowRecord
-from pipelines.layer_config import counter_registry, load_counter_registry
+from pipelines.layer_config import counter_registry
 from pipelines.runner import Context, app_id, pending, run_job
 from pipelines.settings import Settings
 from pipelines.sinks import clickhouse
@@ -39,29 +39,28 @@ NO_REGISTRY = "no counter registry configured (counters.registry)"
 
 
 @dataclass(frozen=True)
-class PartialsConfig:
-    """What stage 1 is configured with: the registry (None: no counters) and the window."""
+class CounterConfig:
+    """What the counter flows are configured with: the registry (None: no counters) and the window."""
 
     registry: Registry | None
     window: timedelta
 
 
-def partials_config(settings: Settings) -> PartialsConfig:
-    path = settings.counters.registry
-    return PartialsConfig(load_counter_registry(path) if path is not None else None, settings.counters.window)
+def counter_config(settings: Settings) -> CounterConfig:
+    return CounterConfig(counter_registry(settings), settings.counters.window)
 
 
-def partials_skip(config: PartialsConfig) -> str | None:
+def no_registry(config: CounterConfig) -> str | None:
     return NO_REGISTRY if config.registry is None else None
 
 
-def partials(batch: Batch, config: PartialsConfig, record: FlowRecord) -> DataFrame:
+def partials(batch: Batch, config: CounterConfig, record: FlowRecord) -> DataFrame:
     """Stage 1: new silver events -> increments per counter, entity and window."""
-    assert config.registry is not None  # partials_skip
+    assert config.registry is not None  # no_registry
     return record.cache(increments(batch.rows, config.registry, config.window, batch.end))
 
 
-def partials_figures(rows: DataFrame, config: PartialsConfig, record: FlowRecord) -> None:
+def partials_figures(rows: DataFrame, config: CounterConfig, record: FlowRecord) -> None:
     # One row of totals.
     totals = rows.agg(F.count(F.lit(1)).alias("rows"), F.sum("count").alias("n")).first()
     n, n_rows = (int(totals["n"] or 0), int(totals["rows"])) if totals else (0, 0)
@@ -123,13 +122,13 @@ def gold_counters(ctx: Context, drain: bool = False) -> RunRecord:
     return run_job(ctx, "gold.counters", body)
 
 
-def milestones(batch: Batch, config: PartialsConfig, record: FlowRecord) -> DataFrame:
+def milestones(batch: Batch, config: CounterConfig, record: FlowRecord) -> DataFrame:
     """Thresholds crossed by committed counter changes (the batch is gold/counters' change feed)."""
-    assert config.registry is not None  # partials_skip
+    assert config.registry is not None  # no_registry
     return record.cache(crossings(batch.rows, config.registry))
 
 
-def milestones_figures(rows: DataFrame, config: PartialsConfig, record: FlowRecord) -> None:
+def milestones_figures(rows: DataFrame, config: CounterConfig, record: FlowRecord) -> None:
     n = rows.count()
     record.rows(0, n)
     record.add(milestones=n)
