@@ -98,6 +98,14 @@ class TeamFilter:
             ok = ok & (F.pmod(F.xxhash64(team_id.cast("long")), F.lit(100)) < F.lit(int(self.rollout_percent)))
         return ok
 
+    def counted(self, rows: DataFrame) -> DataFrame:
+        """The ``rows`` (with a ``team_id``) of the teams gold counts."""
+        return rows if self.everyone else rows.where(self.admits(F.col("team_id")))
+
+    def left_out(self, rows: DataFrame) -> DataFrame:
+        """The ``rows`` of the teams gold does not count."""
+        return rows.limit(0) if self.everyone else rows.where(~self.admits(F.col("team_id")))
+
 
 def _without(entries: Column, *others: Column) -> Column:
     """``entries`` less the keys any of ``others`` holds."""

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from expectations.suites import CLICKHOUSE as CLICKHOUSE_TABLE
 from pipelines.errors import InputError
-from pipelines.jobs import counters, gold_checks
+from pipelines.jobs import counters, gold_checks, metrics
 from pipelines.jobs import silver as silver_jobs
 from pipelines.layer_config import bucket_mapping
 from pipelines.tables import (
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from pipelines.eventlog import RunRecord
-    from pipelines.incremental import Batch, FlowRecord
+    from pipelines.incremental import FlowRecord, StateRules
     from pipelines.jobs.gold import PartialsHandoff
     from pipelines.quality import Frames
     from pipelines.runner import Context
@@ -93,9 +93,13 @@ class Flow:
     external_target: str | None = None
     #: Tables whose quality suite gates this flow's writes.
     gated: tuple[str, ...] = field(default=())
-    #: An incremental flow's code (:mod:`pipelines.incremental`): new source rows -> target rows,
-    #: given its typed config and its record; the runner does the rest.
-    transform: Callable[[Batch, Any, FlowRecord], DataFrame] | None = None
+    #: An incremental flow's code (:mod:`pipelines.incremental`): new source rows -> target rows
+    #: (a :class:`Batch` -> a DataFrame; with ``state``, a :class:`StateBatch` -> a
+    #: :class:`StateStep`), given its typed config and its record; the runner does the rest.
+    transform: Callable[[Any, Any, FlowRecord], Any] | None = None
+    #: A flow with state (``mode="state"``; its targets are its output and its state table): how
+    #: the runner reads and writes the state.
+    state: StateRules | None = None
     #: What its transform gets of the source's new commits: the rows they added, or their change
     #: feed (``_change_type``, ``_commit_version``, ...).
     reads: Literal["inserts", "changes"] = "inserts"
@@ -121,16 +125,10 @@ class Flow:
         if self.run is not None:
             return self.run(ctx, options)
         if self.transform is not None:
-            from pipelines.incremental import run_incremental
+            from pipelines.incremental import run_incremental, run_stateful
 
-            return run_incremental(ctx, self, options)
+            return (run_stateful if self.state is not None else run_incremental)(ctx, self, options)
         raise InputError(f"{self.name} is started by medallion ingest or serve, not run")
-
-
-def _silver_page_changes(ctx: Context, o: RunOptions) -> RunRecord:
-    from pipelines.jobs.silver import silver_page_changes
-
-    return silver_page_changes(ctx, drain=o.drain)
 
 
 def _gold_partials(ctx: Context, o: RunOptions) -> RunRecord:
@@ -149,18 +147,6 @@ def _export_clickhouse(ctx: Context, o: RunOptions) -> RunRecord:
     from pipelines.jobs.gold import export_property_values
 
     return export_property_values(ctx, drain=o.drain)
-
-
-def _metric_panes(ctx: Context, o: RunOptions) -> RunRecord:
-    from pipelines.jobs.metrics import silver_metric_panes
-
-    return silver_metric_panes(ctx, drain=o.drain)
-
-
-def _metric_windows(ctx: Context, o: RunOptions) -> RunRecord:
-    from pipelines.jobs.metrics import gold_metric_windows
-
-    return gold_metric_windows(ctx)
 
 
 def _counters(ctx: Context, o: RunOptions) -> RunRecord:
@@ -237,7 +223,9 @@ FLOWS: tuple[Flow, ...] = (
         (SILVER_PAGE_CHANGES, SILVER_PAGE_CHANGE_STATE),
         "state",
         "bronze page changes -> one change per page per 5-minute window, in order",
-        run=_silver_page_changes,
+        transform=silver_jobs.page_changes,
+        state=silver_jobs.PAGE_CHANGE_STATE,
+        config=lambda settings: settings.page_changes,
         gated=(SILVER_PAGE_CHANGES.key,),
     ),
     Flow(
@@ -282,7 +270,10 @@ FLOWS: tuple[Flow, ...] = (
         (SILVER_METRIC_PANES, SILVER_METRIC_STATE),
         "state",
         "bronze samples -> per-pane sketches of metrics.aggregations",
-        run=_metric_panes,
+        transform=metrics.panes,
+        state=metrics.METRIC_STATE,
+        config=metrics.aggregations,
+        skip=metrics.no_aggregations,
     ),
     Flow(
         "gold.metric_windows",
@@ -291,7 +282,9 @@ FLOWS: tuple[Flow, ...] = (
         (GOLD_METRIC_WINDOWS,),
         "merge",
         "panes -> closed metric windows",
-        run=_metric_windows,
+        transform=metrics.windows,
+        config=metrics.aggregations,
+        figures=metrics.windows_figures,
     ),
     Flow(
         "gold.counter_partials",

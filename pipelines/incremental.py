@@ -10,6 +10,13 @@ run, and a :class:`FlowRecord` for its figures. The runner owns the rest:
 - the quality gate of the target's suite, the append with the app transaction in the same commit;
 - conflict retries and the event-log record (:func:`pipelines.runner.run_job`);
 - every frame the flow cached (:meth:`FlowRecord.cache`), released on every exit, errors included.
+
+A flow with ``state`` (``mode="state"``, :class:`StateRules`) keeps its own progress and buffered
+rows in a state table, rewritten each run together with the run's output rows (its outbox), which
+are then published to its output table under the same run number. Its transform gets a
+:class:`StateBatch` (the state as the last run left it and the source rows since) and returns the
+next state; the runner reads and writes the state, publishes the outbox (and finishes the
+publishing a stopped run left undone), and keeps the state cached while the transform runs.
 """
 
 from __future__ import annotations
@@ -23,7 +30,8 @@ from pyspark.sql import functions as F
 
 from pipelines.eventlog import RunRecord
 from pipelines.layer_config import bucket_mapping
-from pipelines.runner import Context, app_id, check_split, pending, run_job, task_name
+from pipelines.runner import Context, after, app_id, check_split, pending, run_job, task_name
+from pipelines.storage import AppTxn, TableSpec, TableStore
 
 if TYPE_CHECKING:
     from pipelines.flows import Flow, RunOptions
@@ -37,6 +45,56 @@ class Batch:
     start: int
     end: int
     buckets: Sequence[int] | None = None
+    #: Reads another table as it is now (a lookup, never a source of increments).
+    lookup: Callable[[TableSpec, str | None], DataFrame] | None = None
+
+    def read(self, spec: TableSpec, where: str | None = None) -> DataFrame:
+        assert self.lookup is not None, "a batch built without a lookup"
+        return self.lookup(spec, where)
+
+    def empty(self, spec: TableSpec) -> DataFrame:
+        """No rows, with ``spec``'s schema."""
+        return self.rows.sparkSession.createDataFrame([], spec.schema)
+
+
+@dataclass(frozen=True)
+class StateRules:
+    """How the runner reads and writes a flow's state table (its ``targets[1]``)."""
+
+    #: The source version the state has processed (None: nothing yet).
+    done: Callable[[DataFrame], int | None]
+    #: The rows it buffers for later windows (a drain run goes on while there are any).
+    buffered: Callable[[DataFrame], DataFrame]
+    #: The ``kind`` of the state's outbox rows and the output table's columns.
+    outbox_kind: str
+    outbox_columns: list[str]
+    #: Which state rows the transform reads (None: all, the last outbox's included).
+    where: str | None = None
+
+
+@dataclass(frozen=True)
+class StateBatch:
+    """What a state flow's transform gets."""
+
+    #: The state table as the last run left it (cached by the runner for the run).
+    state: DataFrame
+    #: Source rows added since (None: none, a drain run over buffered rows only).
+    rows: DataFrame | None
+    #: The source version the next state covers.
+    end: int | None
+    #: This run's number: the version of its state commit's app transaction.
+    run: int
+    #: Treat every window as closed (the end of a backfill).
+    drain: bool
+
+
+@dataclass(frozen=True)
+class StateStep:
+    """A state flow's result: the next state (its outbox rows included), and what to record
+    once the outbox is published, given how many rows it held."""
+
+    state: DataFrame
+    published: Callable[[int], None] | None = None
 
 
 @dataclass
@@ -45,6 +103,7 @@ class FlowRecord:
 
     _record: RunRecord
     _say: Callable[[str], None]
+    _gate: Callable[[str, DataFrame], DataFrame] | None = None
     _cached: list[DataFrame] = field(default_factory=list)
 
     def incr(self, **figures: float | int) -> None:
@@ -53,11 +112,21 @@ class FlowRecord:
     def add(self, **figures: float | int) -> None:
         self._record.add(**figures)
 
-    def rows(self, rows_in: int, rows_out: int) -> None:
-        self._record.rows_in, self._record.rows_out = rows_in, rows_out
+    def rows(self, rows_in: int | None = None, rows_out: int | None = None) -> None:
+        """Rows read and written, for the event log (a figure not given is left as it is)."""
+        if rows_in is not None:
+            self._record.rows_in = rows_in
+        if rows_out is not None:
+            self._record.rows_out = rows_out
 
     def say(self, message: str) -> None:
         self._say(message)
+
+    def gate(self, table: str, df: DataFrame) -> DataFrame:
+        """The rows of ``df`` that ``table``'s quality suite lets through (for a flow whose gated
+        rows are not the rows it appends: a state flow's outbox)."""
+        assert self._gate is not None, "this flow's runner gates its output itself"
+        return self._gate(table, df)
 
     def cache(self, df: DataFrame) -> DataFrame:
         """``df`` persisted until the run ends (whatever way it ends)."""
@@ -98,7 +167,7 @@ def run_incremental(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
             )
             if buckets and "bucket" in source.schema.fieldNames():  # a split run: its buckets' rows only
                 rows = rows.where(F.col("bucket").isin(*sorted(set(buckets))))
-            out = transform(Batch(rows, inc.start, inc.end, buckets), config, figures)
+            out = transform(Batch(rows, inc.start, inc.end, buckets, ctx.store.read), config, figures)
             if target.key in flow.gated:
                 from pipelines import quality
 
@@ -111,3 +180,72 @@ def run_incremental(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
             figures.release()
 
     return run_job(ctx, task_name(flow.name, buckets), body)
+
+
+def publish_outbox(store: TableStore, state: TableSpec, out: TableSpec, app: str, kind: str, columns: list[str]) -> int:
+    """Append the outbox rows (``kind``) a state commit holds, unless ``out`` already has them.
+
+    A state flow replaces its state table and its outbox in one commit, then publishes the
+    outbox under the same run number: a crash between the two is finished by the next run.
+    """
+    state_seq = store.txn_version(state, app)
+    out_seq = store.txn_version(out, app)
+    if state_seq is None or (out_seq is not None and out_seq >= state_seq):
+        return 0
+    rows = store.read(state, where=f"kind = '{kind}'").select(*columns).persist()
+    try:
+        store.append(out, rows, [AppTxn(app, state_seq)])
+        return rows.count()
+    finally:
+        rows.unpersist()
+
+
+def run_stateful(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
+    """One run of a flow with state: its source's new rows and its state -> the next state and
+    the outbox published (see the module's docstring)."""
+    transform, rules = flow.transform, flow.state
+    assert transform is not None and rules is not None, f"{flow.name} is not a state flow"
+    config: Any = flow.config(ctx.settings) if flow.config is not None else None
+    skip = flow.skip(config) if flow.skip is not None else None
+    (source,), (out, state_table) = flow.sources, flow.targets
+    app = app_id(flow.name, source)
+
+    def publish() -> int:
+        return publish_outbox(ctx.store, state_table, out, app, rules.outbox_kind, rules.outbox_columns)
+
+    def body(record: RunRecord) -> None:
+        if skip is not None:
+            record.noop(skip)
+            return
+        for spec in (out, state_table, source):
+            ctx.store.ensure(spec)
+        recovered = publish()
+        if recovered:
+            record.add(recovered_outbox_rows=recovered)
+            ctx.say(f"{out.key}: published {recovered:,} rows a stopped run had left in its outbox")
+        run = (ctx.store.txn_version(state_table, app) or 0) + 1
+        txn = AppTxn(app, run)
+
+        def gate(table: str, df: DataFrame) -> DataFrame:
+            from pipelines import quality
+
+            return quality.gate(ctx, record, table, df, txn)
+
+        figures = FlowRecord(record, ctx.say, gate)
+        try:
+            state = figures.cache(ctx.store.read(state_table, where=rules.where))
+            done = rules.done(state)
+            inc = after(ctx.store, source, done, app)
+            if inc is None and not (options.drain and rules.buffered(state).limit(1).count()):
+                record.noop(f"no new rows in {source.key}" + (" and nothing buffered" if options.drain else ""))
+                return
+            rows = inc.read(ctx.store) if inc else None
+            step = transform(StateBatch(state, rows, inc.end if inc else done, run, options.drain), config, figures)
+            ctx.store.overwrite(state_table, step.state, [txn])
+        finally:
+            figures.release()
+        published = publish()
+        if step.published is not None:
+            step.published(published)
+
+    return run_job(ctx, flow.name, body)

@@ -13,7 +13,6 @@ from pipelines.jobs.bronze import KINDS, Landed, ingest_files, ingest_kafka, par
 from pipelines.jobs.counters import counter_milestones, export_counters, gold_counter_partials, gold_counters
 from pipelines.jobs.gold import PartialsHandoff, export_property_values, gold_merge, gold_partials, gold_property_values
 from pipelines.jobs.metrics import gold_metric_windows, silver_metric_panes
-from pipelines.jobs.outbox import publish_outbox
 from pipelines.jobs.silver import silver_events, silver_page_changes
 from pipelines.layer_config import bucket_mapping, counter_registry, fanout_rules
 
@@ -36,7 +35,6 @@ __all__ = [
     "ingest_files",
     "ingest_kafka",
     "parse_landing",
-    "publish_outbox",
     "silver_events",
     "silver_metric_panes",
     "silver_page_changes",

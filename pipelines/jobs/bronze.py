@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,7 +13,7 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from bronze.event_values import parse_event_values
+from bronze.event_values import ParsedValues, parse_event_values
 from bronze.events import BRONZE_EVENTS_COLUMNS, duplicate_keys, parse_events
 from bronze.landing import LANDING_COLUMNS, REASON, quarantined, valid
 from bronze.page_changes import BRONZE_PAGE_CHANGES_COLUMNS, parse_page_changes
@@ -23,13 +23,35 @@ from pipelines.eventlog import RunRecord
 from pipelines.runner import Context, append_once, run_job
 from pipelines.sources import kafka
 from pipelines.sources.files import LandingFile, compression_of, file_digests, landing_rows
-from pipelines.storage import AppTxn
+from pipelines.storage import AppTxn, TableSpec
 from pipelines.storage.base import conform
 from pipelines.tables import BRONZE_EVENTS, BRONZE_PAGE_CHANGES, BRONZE_QUARANTINE
 
+
+@dataclass(frozen=True)
+class Kind:
+    """What bronze lands for one kind of document: its table, its parse and columns, and what of
+    bronze's checks it adds."""
+
+    target: TableSpec
+    #: ``max_bytes`` -> landing rows -> parsed rows (with ``REASON`` for the ones quarantined).
+    parse: Callable[[int], Callable[[DataFrame], DataFrame]]
+    columns: list[str]
+    #: Parsed rows -> whether the row's document repeats a key (counted as ``duplicate_keys``).
+    repeats_keys: Callable[[DataFrame], Column] | None = None
+    #: Parses message values in this process (``kafka.parse_in_process``), without Spark.
+    parse_values: Callable[[Sequence[bytes | None], int], ParsedValues] | None = None
+
+
 KINDS = {
-    "events": (BRONZE_EVENTS, parse_events, BRONZE_EVENTS_COLUMNS),
-    "page_changes": (BRONZE_PAGE_CHANGES, parse_page_changes, BRONZE_PAGE_CHANGES_COLUMNS),
+    "events": Kind(
+        BRONZE_EVENTS,
+        parse_events,
+        BRONZE_EVENTS_COLUMNS,
+        repeats_keys=lambda parsed: duplicate_keys(parsed["value"].cast("string")),
+        parse_values=parse_event_values,
+    ),
+    "page_changes": Kind(BRONZE_PAGE_CHANGES, parse_page_changes, BRONZE_PAGE_CHANGES_COLUMNS),
 }
 
 
@@ -57,13 +79,13 @@ def parse_landing(
     caller validates them); rows a ``drop`` expectation removes join the quarantine rows, so both
     land in the same commits as the batch.
     """
-    target, parser, columns = KINDS[kind]
+    spec = KINDS[kind]
+    target = spec.target
     rows = ctx.spark.createDataFrame(landing) if isinstance(landing, pa.Table) else landing
-    parsed = rows.transform(parser(ctx.settings.kafka.max_message_bytes)).persist()
-    good, bad = valid(parsed, columns), quarantined(parsed, kind)
-    if kind == "events":
-        landed_twice = parsed.where(F.col(REASON).isNull() & duplicate_keys(F.col("value").cast("string")))
-        record.incr(duplicate_keys=landed_twice.count())
+    parsed = rows.transform(spec.parse(ctx.settings.kafka.max_message_bytes)).persist()
+    good, bad = valid(parsed, spec.columns), quarantined(parsed, kind)
+    if spec.repeats_keys is not None:
+        record.incr(duplicate_keys=parsed.where(F.col(REASON).isNull() & spec.repeats_keys(parsed)).count())
     if gate and quality.enabled(ctx):
         checked = quality.run_suite(ctx, record, quality.suite_for(ctx, target.key).for_batches(), good)
         good = checked.kept
@@ -80,14 +102,15 @@ def land_messages(
     Events the in-process parser is sure of skip Spark (``kafka.parse_in_process``); the others,
     and every page change, are parsed by Spark. All rows are then validated in one pass.
     """
-    target, _, columns = KINDS[kind]
+    spec = KINDS[kind]
+    target, columns = spec.target, spec.columns
     landing = kafka.landing_rows(messages, batch_id, now)
     schema = target.arrow_schema
     good: list[pa.Table] = []
     bad: list[pa.Table] = []
     rest = landing
-    if kind == "events" and ctx.settings.kafka.parse_in_process:
-        parsed = parse_event_values([m.value for m in messages], ctx.settings.kafka.max_message_bytes)
+    if spec.parse_values is not None and ctx.settings.kafka.parse_in_process:
+        parsed = spec.parse_values([m.value for m in messages], ctx.settings.kafka.max_message_bytes)
         if parsed.accepted:
             where = landing.take(pa.array(parsed.accepted, pa.int64()))
             fields = {**{c: parsed.rows[c] for c in parsed.rows.column_names}, **{c: where[c] for c in LANDING_COLUMNS}}
@@ -118,7 +141,7 @@ def ingest_files(ctx: Context, kind: str, paths: Sequence[Path]) -> RunRecord:
     """Land JSON-lines / JSON-array files into bronze, idempotently per file content."""
     if kind not in KINDS:
         raise InputError(f"unknown kind {kind!r}: use one of {', '.join(KINDS)}")
-    target = KINDS[kind][0]
+    target = KINDS[kind].target
     # A compressed file is refused by name; the other files of the call still land.
     refused = {p: why for p in paths if (why := compression_of(Path(p))) is not None}
     readable = [p for p in paths if p not in refused]
@@ -207,7 +230,7 @@ def ingest_kafka(
     kinds = topic_kinds(ctx, topics)
     group = ctx.settings.kafka.group_id
     for kind in set(kinds.values()):
-        ctx.store.ensure(KINDS[kind][0])
+        ctx.store.ensure(KINDS[kind].target)
     ctx.store.ensure(BRONZE_QUARANTINE)
 
     def flush(by_topic: Mapping[str, list[Any]], batch_id: str) -> kafka.FlushResult:
@@ -218,7 +241,7 @@ def ingest_kafka(
             result = kafka.FlushResult()
             now = datetime.now(UTC)
             for topic, messages in by_topic.items():
-                target = KINDS[kinds[topic]][0]
+                target = KINDS[kinds[topic]].target
                 # A flush's rows were born in this process (the consumer) and are bounded by
                 # --max-batch: they stay in Arrow so each partition's offsets commit with them.
                 good, bad = land_messages(ctx, record, kinds[topic], messages, batch_id, now)
@@ -251,7 +274,7 @@ def ingest_kafka(
     ingestor = kafka.KafkaIngestor(
         ctx.settings.kafka,
         ctx.store,
-        {topic: KINDS[kind][0] for topic, kind in kinds.items()},
+        {topic: KINDS[kind].target for topic, kind in kinds.items()},
         flush,
         max_batch=max_batch,
         max_wait=max_wait,

@@ -53,10 +53,9 @@ def counted_teams(ctx: Context, record: RunRecord, rows: DataFrame, metric: str)
     """``rows`` of the teams gold counts (``gold.teams``); how many rows it leaves out goes to the
     event log as ``metric`` (a figure, counted only when a filter is set)."""
     teams = team_filter(ctx.settings)
-    if teams.everyone:
-        return rows
-    record.add(**{metric: rows.where(~teams.admits(F.col("team_id"))).count()})
-    return rows.where(teams.admits(F.col("team_id")))
+    if not teams.everyone:
+        record.add(**{metric: teams.left_out(rows).count()})
+    return teams.counted(rows)
 
 
 @dataclass
