@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from expectations.suites import CLICKHOUSE as CLICKHOUSE_TABLE
 from pipelines.errors import InputError
 from pipelines.jobs import counters, gold_checks, metrics
+from pipelines.jobs import gold as gold_jobs
 from pipelines.jobs import silver as silver_jobs
 from pipelines.layer_config import bucket_mapping
 from pipelines.tables import (
@@ -49,8 +50,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from pipelines.eventlog import RunRecord
-    from pipelines.incremental import FlowRecord, StateRules
-    from pipelines.jobs.gold import PartialsHandoff
+    from pipelines.incremental import FlowRecord, Handoff, MergeRules, StateRules
     from pipelines.quality import Frames
     from pipelines.runner import Context
     from pipelines.settings import Settings
@@ -71,7 +71,7 @@ class RunOptions:
     #: Treat every window as closed (the end of a backfill).
     drain: bool = False
     #: Shared by the flows of one pass (gold's stage 2 takes stage 1's partials from memory).
-    handoff: PartialsHandoff | None = None
+    handoff: Handoff | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,10 @@ class Flow:
     #: (a :class:`Batch` -> a DataFrame; with ``state``, a :class:`StateBatch` -> a
     #: :class:`StateStep`), given its typed config and its record; the runner does the rest.
     transform: Callable[[Any, Any, FlowRecord], Any] | None = None
+    #: How a ``merge`` flow MERGEs its transform's rows into its target (else they are appended).
+    merge: MergeRules | None = None
+    #: Its written rows stay cached for the next flow of the pass, if that reads them (Handoff).
+    hands_off: bool = False
     #: A flow with state (``mode="state"``; its targets are its output and its state table): how
     #: the runner reads and writes the state.
     state: StateRules | None = None
@@ -129,18 +133,6 @@ class Flow:
 
             return (run_stateful if self.state is not None else run_incremental)(ctx, self, options)
         raise InputError(f"{self.name} is started by medallion ingest or serve, not run")
-
-
-def _gold_partials(ctx: Context, o: RunOptions) -> RunRecord:
-    from pipelines.jobs.gold import gold_partials
-
-    return gold_partials(ctx, o.buckets, o.handoff)
-
-
-def _gold_merge(ctx: Context, o: RunOptions) -> RunRecord:
-    from pipelines.jobs.gold import gold_merge
-
-    return gold_merge(ctx, o.buckets, o.handoff)
 
 
 def _export_clickhouse(ctx: Context, o: RunOptions) -> RunRecord:
@@ -235,7 +227,10 @@ FLOWS: tuple[Flow, ...] = (
         (GOLD_PARTIALS,),
         "append",
         "silver events fanned out into (team, property type, key, value) partial counts (stage 1)",
-        run=_gold_partials,
+        transform=gold_jobs.partials,
+        config=gold_jobs.gold_config,
+        figures=gold_jobs.partials_figures,
+        hands_off=True,
         by_bucket=True,
         gated=(GOLD_PARTIALS.key,),
     ),
@@ -246,7 +241,10 @@ FLOWS: tuple[Flow, ...] = (
         (GOLD_PROPERTY_VALUES,),
         "merge",
         "partials merged into one count per tuple per window (stage 2)",
-        run=_gold_merge,
+        transform=gold_jobs.merged,
+        merge=gold_jobs.GOLD_MERGE,
+        config=gold_jobs.gold_config,
+        figures=gold_jobs.merged_figures,
         by_bucket=True,
         gated=(GOLD_PROPERTY_VALUES.key,),
         checks={GOLD_PROPERTY_VALUES.key: gold_checks.gold_frames},
@@ -399,10 +397,11 @@ def run_pass(
     ctx: Context, flows: Sequence[Flow], buckets: Sequence[int] | None = None, drain: bool = False
 ) -> Iterator[RunRecord]:
     """One pass: each flow once, in order, yielding its record as it ends. The flows of one pass
-    share gold's handoff, released when the pass ends or is left (an exception, a stop)."""
-    from pipelines.jobs.gold import PartialsHandoff
+    share a handoff (gold's stage 2 takes stage 1's partials from it), released when the pass ends
+    or is left (an exception, a stop)."""
+    from pipelines.incremental import Handoff
 
-    handoff = PartialsHandoff()
+    handoff = Handoff()
     options = RunOptions(buckets=buckets, drain=drain, handoff=handoff)
     try:
         for f in flows:

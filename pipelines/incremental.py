@@ -21,7 +21,7 @@ publishing a stopped run left undone), and keeps the state cached while the tran
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 
 from pipelines.eventlog import RunRecord
 from pipelines.layer_config import bucket_mapping
-from pipelines.runner import Context, after, app_id, check_split, pending, run_job, task_name
+from pipelines.runner import Context, Increment, after, app_id, check_split, pending, run_job, task_name
 from pipelines.storage import AppTxn, TableSpec, TableStore
 
 if TYPE_CHECKING:
@@ -47,6 +47,8 @@ class Batch:
     buckets: Sequence[int] | None = None
     #: Reads another table as it is now (a lookup, never a source of increments).
     lookup: Callable[[TableSpec, str | None], DataFrame] | None = None
+    #: The rows are in memory already: handed over by the flow before (:class:`Handoff`).
+    kept: bool = False
 
     def read(self, spec: TableSpec, where: str | None = None) -> DataFrame:
         assert self.lookup is not None, "a batch built without a lookup"
@@ -55,6 +57,50 @@ class Batch:
     def empty(self, spec: TableSpec) -> DataFrame:
         """No rows, with ``spec``'s schema."""
         return self.rows.sparkSession.createDataFrame([], spec.schema)
+
+
+@dataclass(frozen=True)
+class MergeRules:
+    """How a flow MERGEs its rows (alias ``s``) into its target (alias ``t``); see
+    :meth:`pipelines.storage.TableStore.merge`."""
+
+    #: The match condition, for a run over these buckets (None: every bucket).
+    on: Callable[[Sequence[int] | None], str]
+    update: Mapping[str, str] | None = None
+    insert: Mapping[str, str] | None = None
+    update_when: str | None = None
+
+
+@dataclass
+class Handoff:
+    """The rows a flow just wrote (``Flow.hands_off``), kept in memory for the next flow of the
+    same pass (``medallion run gold``): when they are exactly what that flow has pending, it takes
+    them instead of reading them back. The runner releases them after that flow, whatever happens,
+    and at the end of the pass.
+    """
+
+    table: str | None = None
+    version: int | None = None
+    frame: DataFrame | None = None
+    cached: list[DataFrame] = field(default_factory=list)
+
+    def keep(self, table: TableSpec, version: int, frame: DataFrame, cached: Sequence[DataFrame]) -> None:
+        self.release()
+        self.table, self.version, self.frame, self.cached = table.key, version, frame, list(cached)
+
+    def take(self, store: TableStore, inc: Increment) -> DataFrame | None:
+        """The kept rows if they are all ``inc`` holds: it ends at the version they were written
+        in, and any version before that in it added no rows (the table's creation, say)."""
+        if self.frame is None or inc.source.key != self.table or inc.end != self.version:
+            return None
+        if inc.start < inc.end and store.read_inserted(inc.source, inc.start, inc.end - 1).limit(1).count():
+            return None
+        return self.frame
+
+    def release(self) -> None:
+        for df in self.cached:
+            df.unpersist()
+        self.table, self.version, self.frame, self.cached = None, None, None, []
 
 
 @dataclass(frozen=True)
@@ -105,12 +151,18 @@ class FlowRecord:
     _say: Callable[[str], None]
     _gate: Callable[[str, DataFrame], DataFrame] | None = None
     _cached: list[DataFrame] = field(default_factory=list)
+    #: Parameters the target's suite takes from this batch (its gate's ``**params``).
+    gate_params: dict[str, Any] = field(default_factory=dict)
 
     def incr(self, **figures: float | int) -> None:
         self._record.incr(**figures)
 
     def add(self, **figures: float | int) -> None:
         self._record.add(**figures)
+
+    def figure(self, name: str) -> float:
+        """A figure recorded so far this run (0 when there is none)."""
+        return float(self._record.metrics.get(name, 0))
 
     def rows(self, rows_in: int | None = None, rows_out: int | None = None) -> None:
         """Rows read and written, for the event log (a figure not given is left as it is)."""
@@ -139,6 +191,11 @@ class FlowRecord:
             df.unpersist()
         self._cached.clear()
 
+    def handed_over(self) -> list[DataFrame]:
+        """The frames cached so far, now the :class:`Handoff`'s to release."""
+        cached, self._cached = self._cached, []
+        return cached
+
 
 def run_incremental(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
     """One run of ``flow``: its source's new commits through its transform into its target."""
@@ -148,6 +205,7 @@ def run_incremental(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
     skip = flow.skip(config) if flow.skip is not None else None
     (source,), target = flow.sources, flow.targets[0]
     buckets = options.buckets if flow.by_bucket else None
+    handoff = options.handoff
 
     def body(record: RunRecord) -> None:
         if skip is not None:
@@ -161,25 +219,55 @@ def run_incremental(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
             record.noop(f"no new rows in {source.key}")
             return
         figures = FlowRecord(record, ctx.say)
+        handed_off = False
         try:
-            rows = (
-                inc.read(ctx.store) if flow.reads == "inserts" else ctx.store.read_changes(source, inc.start, inc.end)
-            )
-            if buckets and "bucket" in source.schema.fieldNames():  # a split run: its buckets' rows only
+            kept = handoff.take(ctx.store, inc) if handoff is not None and flow.reads == "inserts" else None
+            if kept is not None:
+                rows = kept
+            elif flow.reads == "inserts":
+                rows = inc.read(ctx.store)
+            else:
+                rows = ctx.store.read_changes(source, inc.start, inc.end)
+            if kept is None and buckets and "bucket" in source.schema.fieldNames():  # a split run's rows only
                 rows = rows.where(F.col("bucket").isin(*sorted(set(buckets))))
-            out = transform(Batch(rows, inc.start, inc.end, buckets, ctx.store.read), config, figures)
+            batch = Batch(rows, inc.start, inc.end, buckets, ctx.store.read, kept=kept is not None)
+            out = transform(batch, config, figures)
             if target.key in flow.gated:
                 from pipelines import quality
 
-                out = quality.gate(ctx, record, target.key, out, inc.txn)
-            ctx.store.append(target, out, [inc.txn])
+                out = quality.gate(ctx, record, target.key, out, inc.txn, **figures.gate_params)
+            version = write(ctx, flow, out, inc, buckets)
             if flow.figures is not None:
                 flow.figures(out, config, figures)
             record.add(source_from=inc.start, source_to=inc.end)
+            if handoff is not None and flow.hands_off:
+                handoff.keep(target, version, out, figures.handed_over())
+                handed_off = True
         finally:
             figures.release()
+            if handoff is not None and not handed_off:
+                handoff.release()  # what the flow before kept is this flow's to take, or nobody's
 
     return run_job(ctx, task_name(flow.name, buckets), body)
+
+
+def write(ctx: Context, flow: Flow, out: DataFrame, inc: Increment, buckets: Sequence[int] | None) -> int:
+    """``out`` into ``flow``'s target with the increment's app transaction: appended, or MERGEd
+    (an empty MERGE may not commit, so then the progress is recorded alone). The new version."""
+    target, rules = flow.targets[0], flow.merge
+    if rules is None:
+        return ctx.store.append(target, out, [inc.txn])
+    if out.isEmpty():
+        return ctx.store.append(target, target.arrow_schema.empty_table(), [inc.txn])
+    return ctx.store.merge(
+        target,
+        out,
+        on=rules.on(buckets),
+        update=rules.update,
+        insert=rules.insert,
+        update_when=rules.update_when,
+        txns=[inc.txn],
+    )
 
 
 def publish_outbox(store: TableStore, state: TableSpec, out: TableSpec, app: str, kind: str, columns: list[str]) -> int:

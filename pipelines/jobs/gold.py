@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -32,6 +32,8 @@ from gold.export import (
 from gold.property_values import (
     MERGE_UPDATE,
     WINDOW_START,
+    FanoutRules,
+    TeamFilter,
     counted_partials,
     fan_out,
     merge_on,
@@ -41,146 +43,112 @@ from gold.property_values import (
 )
 from pipelines import quality
 from pipelines.eventlog import RunRecord
-from pipelines.layer_config import bucket_mapping, fanout_rules, team_filter
-from pipelines.runner import Context, Increment, app_id, append_once, check_split, pending, run_job, task_name
+from pipelines.incremental import Batch, FlowRecord, MergeRules
+from pipelines.layer_config import fanout_rules, team_filter
+from pipelines.runner import Context, app_id, append_once, run_job
+from pipelines.settings import Settings
 from pipelines.sinks import clickhouse
-from pipelines.storage import AppTxn, TableStore
-from pipelines.tables import EXPORT_OUTBOX, EXPORTS, GOLD_EXPORTED, GOLD_PARTIALS, GOLD_PROPERTY_VALUES, SILVER_EVENTS
-from silver.buckets import in_buckets
+from pipelines.storage import AppTxn
+from pipelines.tables import EXPORT_OUTBOX, EXPORTS, GOLD_EXPORTED, GOLD_PROPERTY_VALUES
 
 
-def counted_teams(ctx: Context, record: RunRecord, rows: DataFrame, metric: str) -> DataFrame:
+@dataclass(frozen=True)
+class GoldConfig:
+    """What gold's two stages are configured with, built once per run from settings."""
+
+    rules: FanoutRules
+    teams: TeamFilter
+    window: timedelta
+
+
+def gold_config(settings: Settings) -> GoldConfig:
+    return GoldConfig(fanout_rules(settings), team_filter(settings), settings.gold.window)
+
+
+def counted_teams(teams: TeamFilter, rows: DataFrame, record: FlowRecord, metric: str) -> DataFrame:
     """``rows`` of the teams gold counts (``gold.teams``); how many rows it leaves out goes to the
     event log as ``metric`` (a figure, counted only when a filter is set)."""
-    teams = team_filter(ctx.settings)
     if not teams.everyone:
         record.add(**{metric: teams.left_out(rows).count()})
     return teams.counted(rows)
 
 
-@dataclass
-class PartialsHandoff:
-    """Stage 1's partials kept in memory for a stage 2 that runs right after it in the same
-    process (``medallion run gold``): stage 2 then merges what stage 1 computed instead of reading
-    it back. It applies only when the partials stage 1 wrote are exactly the increment stage 2 has
-    pending; otherwise stage 2 reads the table as usual.
+def partials(batch: Batch, config: GoldConfig, record: FlowRecord) -> DataFrame:
+    """Stage 1: new silver events -> partial tuple counts per window and source batch.
+
+    One aggregation gives the partials and the skip figures; the fan-out rows themselves are never
+    kept. The time is a literal so every read of the batch sees the same one.
     """
-
-    version: int | None = None
-    frame: DataFrame | None = None
-    cached: list[DataFrame] = field(default_factory=list)
-
-    def keep(self, version: int, frame: DataFrame, cached: Sequence[DataFrame]) -> None:
-        self.release()
-        self.version, self.frame, self.cached = version, frame, list(cached)
-
-    def take(self, store: TableStore, inc: Increment) -> DataFrame | None:
-        """The kept partials if they are all ``inc`` holds: it ends at the version stage 1 wrote,
-        and any version before that in it added no rows (the table's creation, say)."""
-        if self.frame is None or inc.end != self.version:
-            return None
-        if inc.start < inc.end and store.read_inserted(inc.source, inc.start, inc.end - 1).limit(1).count():
-            return None
-        return self.frame
-
-    def release(self) -> None:
-        for df in self.cached:
-            df.unpersist()
-        self.version, self.frame, self.cached = None, None, []
+    events = counted_teams(config.teams, batch.rows, record, "filtered_teams.events")
+    counts = record.cache(events.transform(fan_out(config.rules)).transform(tuple_counts(config.window)))
+    # At most one row per skip reason (eight) plus "counted": figures, not rows.
+    reasons = {r["reason"]: int(r["count"]) for r in skip_counts(counts).collect()}
+    counted = reasons.pop("counted", 0)
+    # No tuple (a batch all filtered out or without properties): no sum to hold the batch against.
+    record.gate_params["tuples"] = counted or None
+    n_events = events.count()
+    record.rows(rows_in=n_events)
+    record.add(input_events=n_events, tuples=counted, **{f"skipped.{k}": v for k, v in reasons.items()})
+    return counts.transform(counted_partials(F.lit(datetime.now(UTC))))
 
 
-def gold_partials(
-    ctx: Context, buckets: Sequence[int] | None = None, handoff: PartialsHandoff | None = None
-) -> RunRecord:
-    """Stage 1: new silver events -> partial tuple counts per window and source batch. With a
-    ``handoff``, the written partials stay cached in it for ``gold_merge``."""
-
-    def body(record: RunRecord) -> None:
-        ctx.store.ensure(GOLD_PARTIALS)
-        check_split(
-            ctx.store, "gold.partials", SILVER_EVENTS, GOLD_PARTIALS, buckets, bucket_mapping(ctx.settings).count
-        )
-        inc = pending(ctx.store, SILVER_EVENTS, GOLD_PARTIALS, app_id("gold.partials", SILVER_EVENTS, buckets))
-        if inc is None:
-            record.noop("no new silver events")
-            return
-        read = inc.read(ctx.store).transform(in_buckets(buckets))
-        events = counted_teams(ctx, record, read, "filtered_teams.events")
-        # One aggregation gives the partials and the skip figures; the fan-out rows themselves
-        # are never kept. The time is a literal so every read of the batch sees the same one.
-        counts = (
-            events.transform(fan_out(fanout_rules(ctx.settings)))
-            .transform(tuple_counts(ctx.settings.gold.window))
-            .persist()
-        )
-        handed_off = False
-        try:
-            # At most one row per skip reason (eight) plus "counted": figures, not rows.
-            reasons = {r["reason"]: int(r["count"]) for r in skip_counts(counts).collect()}
-            counted = reasons.pop("counted", 0)
-            batch = counts.transform(counted_partials(F.lit(datetime.now(UTC))))
-            # No tuple (a batch all filtered out or without properties): no sum to hold against it.
-            out = quality.gate(ctx, record, GOLD_PARTIALS.key, batch, inc.txn, tuples=counted or None)
-            n_events, n_out = events.count(), out.count()
-            version = ctx.store.append(GOLD_PARTIALS, out, [inc.txn])
-            if handoff is not None:
-                handoff.keep(version, out, [counts])
-                handed_off = True
-        finally:
-            if not handed_off:  # released on every path, unless stage 2 takes it over
-                counts.unpersist()
-        record.rows_in, record.rows_out = n_events, n_out
-        record.add(input_events=n_events, tuples=counted, partial_rows=n_out)
-        record.add(**{f"skipped.{k}": v for k, v in reasons.items()})
-        ctx.say(f"gold stage 1: {n_events:,} events -> {counted:,} tuples -> {n_out:,} partial rows")
-
-    return run_job(ctx, task_name("gold.partials", buckets), body)
+def partials_figures(out: DataFrame, config: GoldConfig, record: FlowRecord) -> None:
+    n_out = out.count()
+    record.rows(rows_out=n_out)
+    record.add(partial_rows=n_out)
+    record.say(
+        f"gold stage 1: {int(record.figure('input_events')):,} events -> {int(record.figure('tuples')):,} tuples "
+        f"-> {n_out:,} partial rows"
+    )
 
 
-def gold_merge(ctx: Context, buckets: Sequence[int] | None = None, handoff: PartialsHandoff | None = None) -> RunRecord:
-    """Stage 2: partials not merged yet -> summed per tuple and window -> MERGE into gold. Takes
-    the partials from ``handoff`` when they are exactly what is pending, and releases it."""
+def merged(batch: Batch, config: GoldConfig, record: FlowRecord) -> DataFrame:
+    """Stage 2: partials not merged yet -> summed per tuple and window, the source of the MERGE
+    into gold (:data:`GOLD_MERGE`).
 
-    def body(record: RunRecord) -> None:
-        ctx.store.ensure(GOLD_PROPERTY_VALUES)
-        check_split(
-            ctx.store, "gold.merge", GOLD_PARTIALS, GOLD_PROPERTY_VALUES, buckets, bucket_mapping(ctx.settings).count
-        )
-        inc = pending(ctx.store, GOLD_PARTIALS, GOLD_PROPERTY_VALUES, app_id("gold.merge", GOLD_PARTIALS, buckets))
-        if inc is None:
-            record.noop("no new partials")
-            return
-        # Stage 2 applies the filter too, so partials counted before a team was filtered out are
-        # not merged while it is, and never later: a team added back resumes from what it had.
-        kept = handoff.take(ctx.store, inc) if handoff is not None else None
-        read = kept if kept is not None else inc.read(ctx.store).transform(in_buckets(buckets))
-        parts = counted_teams(ctx, record, read, "filtered_teams.partial_rows")
-        if kept is None:  # kept partials are a view of stage 1's cached counts already
-            parts = parts.persist()
-        batch = parts.transform(merge_source()).persist()
-        source = quality.gate(ctx, record, GOLD_PROPERTY_VALUES.key, batch, inc.txn)
-        n_parts, n_source = parts.count(), source.count()
-        if n_source:
-            ctx.store.merge(GOLD_PROPERTY_VALUES, source, on=merge_on(buckets), update=MERGE_UPDATE, txns=[inc.txn])
-        else:  # every partial filtered out: a MERGE of nothing may not commit, so record the progress alone
-            ctx.store.append(GOLD_PROPERTY_VALUES, GOLD_PROPERTY_VALUES.arrow_schema.empty_table(), [inc.txn])
-        batch.unpersist()
-        parts.unpersist()
-        record.rows_in, record.rows_out = n_parts, n_source
-        record.add(partial_rows=n_parts, merged_rows=n_source)
-        ctx.say(f"gold stage 2: {n_parts:,} partial rows merged as {n_source:,} rows")
+    Stage 2 applies the team filter too, so partials counted before a team was filtered out are
+    not merged while it is, and never later: a team added back resumes from what it had.
+    """
+    parts = counted_teams(config.teams, batch.rows, record, "filtered_teams.partial_rows")
+    if not batch.kept:  # kept partials are a view of stage 1's cached counts already
+        parts = record.cache(parts)
+    n_parts = parts.count()
+    record.rows(rows_in=n_parts)
+    record.add(partial_rows=n_parts)
+    return record.cache(parts.transform(merge_source()))
 
-    try:
-        return run_job(ctx, task_name("gold.merge", buckets), body)
-    finally:
-        if handoff is not None:
-            handoff.release()
+
+def merged_figures(out: DataFrame, config: GoldConfig, record: FlowRecord) -> None:
+    n = out.count()
+    record.rows(rows_out=n)
+    record.add(merged_rows=n)
+    record.say(f"gold stage 2: {int(record.figure('partial_rows')):,} partial rows merged as {n:,} rows")
+
+
+#: How stage 2 writes: each tuple's counts added to what gold holds, in the run's buckets only.
+GOLD_MERGE = MergeRules(merge_on, MERGE_UPDATE)
+
+
+def gold_partials(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
+    """gold.partials once, as ``medallion run gold.partials`` runs it."""
+    from pipelines.flows import RunOptions, flow
+
+    return flow("gold.partials").execute(ctx, RunOptions(buckets=buckets))
+
+
+def gold_merge(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
+    """gold.merge once, as ``medallion run gold.merge`` runs it."""
+    from pipelines.flows import RunOptions, flow
+
+    return flow("gold.merge").execute(ctx, RunOptions(buckets=buckets))
 
 
 def gold_property_values(ctx: Context, buckets: Sequence[int] | None = None) -> tuple[RunRecord, RunRecord]:
     """Stage 1 then stage 2, with stage 2 merging stage 1's partials from memory."""
-    handoff = PartialsHandoff()
-    return gold_partials(ctx, buckets, handoff), gold_merge(ctx, buckets, handoff)
+    from pipelines.flows import flow, run_pass
+
+    first, second = run_pass(ctx, [flow("gold.partials"), flow("gold.merge")], buckets)
+    return first, second
 
 
 def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -57,6 +58,8 @@ CONFLICTS = (
 _TXN_SCHEMA = "txn struct<appId: string, version: long>"
 #: Read app transactions from the commits since a version already read, up to this many commits.
 MAX_INCREMENTAL_COMMITS = 100
+#: How long ensure() waits for a table another task is creating to show its first version.
+ENSURE_WAIT_S = 30.0
 
 
 def _one_txn(txns: Sequence[AppTxn]) -> AppTxn | None:
@@ -218,14 +221,22 @@ class DeltaSparkStore(TableStore):
         if name is not None:
             # External: the files stay at the lake path, whichever metastore names them.
             parts.append(f"LOCATION {sql_string(self.path(spec))}")
-        try:
-            self.spark.sql(" ".join(parts))
-        except Exception:
-            # Tasks that start together (a for_each over buckets) may race to create a table:
-            # whoever loses finds it there, with the schema every task asks for.
+        # Tasks that start together (a for_each over buckets) may race to create a table: whoever
+        # loses finds it there, with the schema every task asks for. A loser can also see the
+        # winner's directory before its first commit, when IF NOT EXISTS passes without creating
+        # anything: it then waits for that commit.
+        deadline = time.monotonic() + ENSURE_WAIT_S
+        while True:
+            try:
+                self.spark.sql(" ".join(parts))
+            except Exception:
+                if not self.exists(spec) and time.monotonic() > deadline:
+                    raise
             if self.exists(spec):
-                return False
-            raise
+                break
+            if time.monotonic() > deadline:
+                raise StorageError(f"table {spec.key}: CREATE TABLE passed but no version appeared")
+            time.sleep(0.1)
         if name is not None:
             self._registered.add(name)
         return True
