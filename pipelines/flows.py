@@ -105,8 +105,8 @@ class Flow:
     #: the runner reads and writes the state.
     state: StateRules | None = None
     #: What its transform gets of the source's new commits: the rows they added, or their change
-    #: feed (``_change_type``, ``_commit_version``, ...).
-    reads: Literal["inserts", "changes"] = "inserts"
+    #: feed (``_change_type``, ``_commit_version``, ...); or ``all``: the whole source every run.
+    reads: Literal["inserts", "changes", "all"] = "inserts"
     #: Builds the transform's typed config from settings, once per run.
     config: Callable[[Settings], Any] | None = None
     #: Why the flow has nothing to do under this config (a noop), else None.
@@ -129,9 +129,11 @@ class Flow:
         if self.run is not None:
             return self.run(ctx, options)
         if self.transform is not None:
-            from pipelines.incremental import run_incremental, run_stateful
+            from pipelines.incremental import run_incremental, run_stateful, run_whole
 
-            return (run_stateful if self.state is not None else run_incremental)(ctx, self, options)
+            if self.state is not None:
+                return run_stateful(ctx, self, options)
+            return (run_whole if self.reads == "all" else run_incremental)(ctx, self, options)
         raise InputError(f"{self.name} is started by medallion ingest or serve, not run")
 
 
@@ -139,12 +141,6 @@ def _export_clickhouse(ctx: Context, o: RunOptions) -> RunRecord:
     from pipelines.jobs.gold import export_property_values
 
     return export_property_values(ctx, drain=o.drain)
-
-
-def _counters(ctx: Context, o: RunOptions) -> RunRecord:
-    from pipelines.jobs.counters import gold_counters
-
-    return gold_counters(ctx, drain=o.drain)
 
 
 def _export_counters(ctx: Context, o: RunOptions) -> RunRecord:
@@ -303,7 +299,12 @@ FLOWS: tuple[Flow, ...] = (
         (GOLD_COUNTERS,),
         "merge",
         "increments -> tiered counter totals",
-        run=_counters,
+        transform=counters.flush,
+        reads="all",
+        merge=counters.COUNTER_FLUSH,
+        config=counters.counter_config,
+        skip=counters.no_registry,
+        figures=counters.flush_figures,
     ),
     Flow(
         "gold.counter_milestones",

@@ -49,6 +49,8 @@ class Batch:
     lookup: Callable[[TableSpec, str | None], DataFrame] | None = None
     #: The rows are in memory already: handed over by the flow before (:class:`Handoff`).
     kept: bool = False
+    #: Treat every window as closed (the end of a backfill).
+    drain: bool = False
 
     def read(self, spec: TableSpec, where: str | None = None) -> DataFrame:
         assert self.lookup is not None, "a batch built without a lookup"
@@ -160,6 +162,10 @@ class FlowRecord:
     def add(self, **figures: float | int) -> None:
         self._record.add(**figures)
 
+    def noop(self, why: str) -> None:
+        """Nothing to write this run, and why (the transform then returns None)."""
+        self._record.noop(why)
+
     def figure(self, name: str) -> float:
         """A figure recorded so far this run (0 when there is none)."""
         return float(self._record.metrics.get(name, 0))
@@ -230,13 +236,13 @@ def run_incremental(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
                 rows = ctx.store.read_changes(source, inc.start, inc.end)
             if kept is None and buckets and "bucket" in source.schema.fieldNames():  # a split run's rows only
                 rows = rows.where(F.col("bucket").isin(*sorted(set(buckets))))
-            batch = Batch(rows, inc.start, inc.end, buckets, ctx.store.read, kept=kept is not None)
+            batch = Batch(rows, inc.start, inc.end, buckets, ctx.store.read, kept=kept is not None, drain=options.drain)
             out = transform(batch, config, figures)
             if target.key in flow.gated:
                 from pipelines import quality
 
                 out = quality.gate(ctx, record, target.key, out, inc.txn, **figures.gate_params)
-            version = write(ctx, flow, out, inc, buckets)
+            version = write(ctx, flow, out, inc.txn, buckets)
             if flow.figures is not None:
                 flow.figures(out, config, figures)
             record.add(source_from=inc.start, source_to=inc.end)
@@ -251,14 +257,52 @@ def run_incremental(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
     return run_job(ctx, task_name(flow.name, buckets), body)
 
 
-def write(ctx: Context, flow: Flow, out: DataFrame, inc: Increment, buckets: Sequence[int] | None) -> int:
-    """``out`` into ``flow``'s target with the increment's app transaction: appended, or MERGEd
-    (an empty MERGE may not commit, so then the progress is recorded alone). The new version."""
+def run_whole(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
+    """One run of a flow that reads all of its source each time (``reads="all"``: gold.counters
+    finds the entities due for a flush among every partial). Its transform returns None when there
+    is nothing to write (having said why, :meth:`FlowRecord.noop`); its commits are numbered runs."""
+    transform = flow.transform
+    assert transform is not None, f"{flow.name} has no transform"
+    config: Any = flow.config(ctx.settings) if flow.config is not None else None
+    skip = flow.skip(config) if flow.skip is not None else None
+    (source,), target = flow.sources, flow.targets[0]
+    app = app_id(flow.name, source)
+
+    def body(record: RunRecord) -> None:
+        if skip is not None:
+            record.noop(skip)
+            return
+        for spec in (source, target):
+            ctx.store.ensure(spec)
+        figures = FlowRecord(record, ctx.say)
+        try:
+            run = (ctx.store.txn_version(target, app) or 0) + 1
+            version = ctx.store.version(source) or 0
+            batch = Batch(ctx.store.read(source), 0, version, None, ctx.store.read, drain=options.drain)
+            out = transform(batch, config, figures)
+            if out is None:
+                return
+            if target.key in flow.gated:
+                from pipelines import quality
+
+                out = quality.gate(ctx, record, target.key, out, AppTxn(app, run), **figures.gate_params)
+            write(ctx, flow, out, AppTxn(app, run), None)
+            if flow.figures is not None:
+                flow.figures(out, config, figures)
+        finally:
+            figures.release()
+
+    return run_job(ctx, flow.name, body)
+
+
+def write(ctx: Context, flow: Flow, out: DataFrame, txn: AppTxn, buckets: Sequence[int] | None) -> int:
+    """``out`` into ``flow``'s target with the app transaction ``txn``: appended, or MERGEd (an
+    empty MERGE may not commit, so then the progress is recorded alone). The new version."""
     target, rules = flow.targets[0], flow.merge
     if rules is None:
-        return ctx.store.append(target, out, [inc.txn])
+        return ctx.store.append(target, out, [txn])
     if out.isEmpty():
-        return ctx.store.append(target, target.arrow_schema.empty_table(), [inc.txn])
+        return ctx.store.append(target, target.arrow_schema.empty_table(), [txn])
     return ctx.store.merge(
         target,
         out,
@@ -266,7 +310,7 @@ def write(ctx: Context, flow: Flow, out: DataFrame, inc: Increment, buckets: Seq
         update=rules.update,
         insert=rules.insert,
         update_when=rules.update_when,
-        txns=[inc.txn],
+        txns=[txn],
     )
 
 

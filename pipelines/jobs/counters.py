@@ -23,7 +23,7 @@ from gold.counters import (
     increments,
 )
 from pipelines.eventlog import RunRecord
-from pipelines.incremental import Batch, FlowRecord
+from pipelines.incremental import Batch, FlowRecord, MergeRules
 from pipelines.layer_config import counter_registry
 from pipelines.runner import Context, app_id, pending, run_job
 from pipelines.settings import Settings
@@ -31,7 +31,6 @@ from pipelines.sinks import clickhouse
 from pipelines.storage import AppTxn
 from pipelines.tables import (
     COUNTER_EXPORTS,
-    GOLD_COUNTER_PARTIALS,
     GOLD_COUNTERS,
 )
 
@@ -77,49 +76,46 @@ def gold_counter_partials(ctx: Context) -> RunRecord:
 
 
 def gold_counters(ctx: Context, drain: bool = False) -> RunRecord:
-    """Stage 2: flush the entities whose tier is due: their new partials MERGEd into the totals.
+    """gold.counters once, as ``medallion run gold.counters`` runs it."""
+    from pipelines.flows import RunOptions, flow
 
-    ``drain`` flushes every entity with new partials whatever its tier (the end of a backfill).
+    return flow("gold.counters").execute(ctx, RunOptions(drain=drain))
+
+
+def flush(batch: Batch, config: CounterConfig, record: FlowRecord) -> DataFrame | None:
+    """Stage 2: the entities whose tier is due, with their new partials added to their totals
+    (the source of the MERGE into the totals, :data:`COUNTER_FLUSH`). The batch is every partial.
+
+    A drain flushes every entity with new partials whatever its tier (the end of a backfill).
     """
-    registry = counter_registry(ctx.settings)
+    assert config.registry is not None  # no_registry
+    parts = record.cache(batch.rows)
+    stats = parts.agg(F.max("seq").alias("seq"), F.max("window_end").alias("clock")).first()
+    if stats is None or stats["seq"] is None:
+        record.noop("no counter partials yet")
+        return None
+    seq, clock = int(stats["seq"]), stats["clock"]
+    source = record.cache(
+        flush_source(parts, batch.read(GOLD_COUNTERS), config.registry, clock, seq, force=batch.drain)
+    )
+    n_source = source.count()
+    if n_source == 0:
+        record.noop("no entity is due for a flush")
+        return None
+    record.rows(n_source, n_source)
+    record.add(flushed_entities=n_source, clock_epoch_s=clock.timestamp(), partial_seq=seq)
+    return source
 
-    def body(record: RunRecord) -> None:
-        if registry is None:
-            record.noop(NO_REGISTRY)
-            return
-        for spec in (GOLD_COUNTERS, GOLD_COUNTER_PARTIALS):
-            ctx.store.ensure(spec)
-        parts = ctx.store.read(GOLD_COUNTER_PARTIALS).persist()
-        stats = parts.agg(F.max("seq").alias("seq"), F.max("window_end").alias("clock")).first()
-        if stats is None or stats["seq"] is None:
-            parts.unpersist()
-            record.noop("no counter partials yet")
-            return
-        seq, clock = int(stats["seq"]), stats["clock"]
-        source = flush_source(parts, ctx.store.read(GOLD_COUNTERS), registry, clock, seq, force=drain).persist()
-        n_source = source.count()
-        if n_source == 0:
-            source.unpersist()
-            parts.unpersist()
-            record.noop("no entity is due for a flush")
-            return
-        run = (ctx.store.txn_version(GOLD_COUNTERS, "gold.counters") or 0) + 1
-        ctx.store.merge(
-            GOLD_COUNTERS,
-            source,
-            on=FLUSH_ON,
-            update=FLUSH_UPDATE,
-            insert=FLUSH_INSERT,
-            update_when=FLUSH_WHEN,
-            txns=[AppTxn("gold.counters", run)],
-        )
-        source.unpersist()
-        parts.unpersist()
-        record.rows_in = record.rows_out = n_source
-        record.add(flushed_entities=n_source, clock_epoch_s=clock.timestamp(), partial_seq=seq)
-        ctx.say(f"gold/counters: flushed {n_source:,} entities through batch {seq}")
 
-    return run_job(ctx, "gold.counters", body)
+def flush_figures(rows: DataFrame, config: CounterConfig, record: FlowRecord) -> None:
+    record.say(
+        f"gold/counters: flushed {int(record.figure('flushed_entities')):,} entities "
+        f"through batch {int(record.figure('partial_seq'))}"
+    )
+
+
+#: How a flush writes: only where the entity's flushed batch is still the one the flush read.
+COUNTER_FLUSH = MergeRules(lambda _buckets: FLUSH_ON, FLUSH_UPDATE, FLUSH_INSERT, FLUSH_WHEN)
 
 
 def milestones(batch: Batch, config: CounterConfig, record: FlowRecord) -> DataFrame:
