@@ -138,7 +138,7 @@ class Flow:
 
 
 def _export_clickhouse(ctx: Context, o: RunOptions) -> RunRecord:
-    from pipelines.jobs.gold import export_property_values
+    from pipelines.jobs.export import export_property_values
 
     return export_property_values(ctx, drain=o.drain)
 

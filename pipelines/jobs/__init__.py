@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from pipelines.jobs.bronze import KINDS, Landed, ingest_files, ingest_kafka, parse_landing, topic_kinds
 from pipelines.jobs.counters import counter_milestones, export_counters, gold_counter_partials, gold_counters
-from pipelines.jobs.gold import export_property_values, gold_merge, gold_partials, gold_property_values
+from pipelines.jobs.export import export_property_values
+from pipelines.jobs.gold import gold_merge, gold_partials, gold_property_values
 from pipelines.jobs.metrics import gold_metric_windows, silver_metric_panes
 from pipelines.jobs.silver import silver_events, silver_page_changes
 from pipelines.layer_config import bucket_mapping, counter_registry, fanout_rules
