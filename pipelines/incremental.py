@@ -31,7 +31,7 @@ from pyspark.sql import functions as F
 from pipelines.eventlog import RunRecord
 from pipelines.layer_config import bucket_mapping
 from pipelines.runner import Context, Increment, after, app_id, check_split, pending, run_job, task_name
-from pipelines.storage import AppTxn, TableSpec, TableStore
+from pipelines.storage import AppTxn, Predicate, TableSpec, TableStore
 
 if TYPE_CHECKING:
     from pipelines.flows import Flow, RunOptions
@@ -67,7 +67,7 @@ class MergeRules:
     :meth:`pipelines.storage.TableStore.merge`."""
 
     #: The match condition, for a run over these buckets (None: every bucket).
-    on: Callable[[Sequence[int] | None], str]
+    on: Callable[[Sequence[int] | None], Predicate]
     update: Mapping[str, str] | None = None
     insert: Mapping[str, str] | None = None
     update_when: str | None = None

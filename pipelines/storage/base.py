@@ -20,11 +20,11 @@ from datetime import datetime
 from typing import Any, TypeAlias
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
-from pipelines.errors import StorageError
+from pipelines.errors import InputError, StorageError
 
 CDF_PROPERTY = "delta.enableChangeDataFeed"
 CHANGE_TYPE = "_change_type"
@@ -33,6 +33,70 @@ COMMIT_TIMESTAMP = "_commit_timestamp"
 INSERTED = ("insert", "update_postimage")
 
 Data: TypeAlias = DataFrame | pa.Table
+#: A condition as Delta's API takes one: SQL text, or a Column (in a MERGE, ``t.`` names the
+#: target's columns and ``s.`` the source's).
+Predicate: TypeAlias = str | Column
+
+
+def predicate_sql(
+    spark: SparkSession, predicate: Predicate, schema: StructType, source: Data | None = None, standard: bool = False
+) -> str:
+    """``predicate`` as SQL text: text as it is; a Column as Spark's analyzer resolves it against
+    a table of ``schema`` (aliased ``t``, with ``source`` aliased ``s``, for a MERGE).
+
+    ``standard`` writes a Column's string literals as standard SQL does (``'it''s'``, for
+    delta-rs, which parses with DataFusion) rather than as Spark does (``'it\\'s'``).
+    """
+    if isinstance(predicate, str):
+        return predicate
+    table = spark.createDataFrame([], schema)
+    if source is None:
+        plan, node = table.where(predicate), "Filter"
+    else:
+        source_schema = source.schema if isinstance(source, DataFrame) else from_arrow_schema(source.schema)
+        plan = table.alias("t").join(spark.createDataFrame([], source_schema).alias("s"), predicate)
+        node = "Join"
+    jdf = getattr(plan, "_jdf", None)
+    if jdf is None:  # Spark Connect: the analyzed plan stays on the server
+        raise InputError(
+            f"a Column condition needs a classic Spark session; over Spark Connect pass SQL text ({predicate})"
+        )
+    found = _plan_node(jdf.queryExecution().analyzed(), node)
+    assert found is not None, f"no {node} in the plan of {predicate}"
+    condition = found.condition()
+    text = str((condition.get() if node == "Join" else condition).sql())
+    return _standard_strings(text) if standard else text
+
+
+_UNESCAPED = {"n": "\n", "t": "\t", "r": "\r", "'": "''"}
+
+
+def _standard_strings(sql: str) -> str:
+    """Spark SQL text with its string literals' backslash escapes written the standard way."""
+    out: list[str] = []
+    quoted, i = False, 0
+    while i < len(sql):
+        c = sql[i]
+        if quoted and c == "\\" and i + 1 < len(sql):
+            out.append(_UNESCAPED.get(sql[i + 1], sql[i + 1]))
+            i += 2
+            continue
+        if c == "'":
+            quoted = not quoted
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _plan_node(plan: Any, name: str) -> Any:
+    if plan.nodeName() == name:
+        return plan
+    children = plan.children()
+    for i in range(children.size()):
+        found = _plan_node(children.apply(i), name)
+        if found is not None:
+            return found
+    return None
 
 
 @dataclass(frozen=True)
@@ -142,13 +206,14 @@ class TableStore(ABC):
         self,
         spec: TableSpec,
         source: Data,
-        on: str,
+        on: Predicate,
         update: Mapping[str, str] | None = None,
         insert: Mapping[str, str] | None = None,
         txns: Sequence[AppTxn] = (),
         update_when: str | None = None,
     ) -> int:
-        """MERGE ``source`` (alias ``s``) into the table (alias ``t``) on the SQL predicate ``on``.
+        """MERGE ``source`` (alias ``s``) into the table (alias ``t``) on ``on``: SQL text or a
+        Column, as Delta's API takes it (see :func:`predicate_sql`).
 
         ``update`` maps target columns to SQL expressions for matched rows (``None``: update all
         columns from the source); ``insert`` likewise for unmatched rows (``None``: insert all).
@@ -156,7 +221,8 @@ class TableStore(ABC):
         """
 
     @abstractmethod
-    def delete(self, spec: TableSpec, predicate: str, txns: Sequence[AppTxn] = ()) -> int: ...
+    def delete(self, spec: TableSpec, predicate: Predicate, txns: Sequence[AppTxn] = ()) -> int:
+        """Delete the rows where ``predicate`` holds (SQL text or a Column over the table's columns)."""
 
     # -- reads -----------------------------------------------------------------------------
     @abstractmethod

@@ -35,10 +35,12 @@ from pipelines.storage.base import (
     COMMIT_VERSION,
     AppTxn,
     Data,
+    Predicate,
     TableSpec,
     TableStats,
     TableStore,
     TxnSnapshot,
+    predicate_sql,
 )
 from pipelines.storage.parquet_files import DataFile, scan, with_file_columns
 
@@ -203,12 +205,13 @@ class DeltaRsStore(TableStore):
         self,
         spec: TableSpec,
         source: Data,
-        on: str,
+        on: Predicate,
         update: Mapping[str, str] | None = None,
         insert: Mapping[str, str] | None = None,
         txns: Sequence[AppTxn] = (),
         update_when: str | None = None,
     ) -> int:
+        on = predicate_sql(self.spark, on, spec.schema, source, standard=True)
         if isinstance(source, pa.Table):
             return self._merge(spec, source, on, update, insert, txns, update_when)
         # The source (an aggregated batch) reaches delta-rs as a stream of Arrow batches staged
@@ -261,7 +264,8 @@ class DeltaRsStore(TableStore):
             raise CommitConflictError(f"merge into {spec.key} conflicted: {exc}") from exc
         return self._table(spec).version()
 
-    def delete(self, spec: TableSpec, predicate: str, txns: Sequence[AppTxn] = ()) -> int:
+    def delete(self, spec: TableSpec, predicate: Predicate, txns: Sequence[AppTxn] = ()) -> int:
+        predicate = predicate_sql(self.spark, predicate, spec.schema, standard=True)
         dt = self._table(spec)
         try:
             dt.delete(predicate, commit_properties=_commit_properties(txns, "delete"))

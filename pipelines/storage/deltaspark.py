@@ -31,7 +31,17 @@ from pyspark.sql.types import StructType
 
 from pipelines.errors import CommitConflictError, EngineUnavailableError, StorageError
 from pipelines.spark import has_delta_classes
-from pipelines.storage.base import AppTxn, Data, TableSpec, TableStats, TableStore, TxnSnapshot, conform_df
+from pipelines.storage.base import (
+    AppTxn,
+    Data,
+    Predicate,
+    TableSpec,
+    TableStats,
+    TableStore,
+    TxnSnapshot,
+    conform_df,
+    predicate_sql,
+)
 
 TXN_APP_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
@@ -271,12 +281,13 @@ class DeltaSparkStore(TableStore):
         self,
         spec: TableSpec,
         source: Data,
-        on: str,
+        on: Predicate,
         update: Mapping[str, str] | None = None,
         insert: Mapping[str, str] | None = None,
         txns: Sequence[AppTxn] = (),
         update_when: str | None = None,
     ) -> int:
+        on = predicate_sql(self.spark, on, spec.schema, source)
         src = source if isinstance(source, DataFrame) else self.to_spark(source)
         view = f"medallion_merge_source_{uuid4().hex}"
         matched = "WHEN MATCHED" + (f" AND ({update_when})" if update_when else "") + " THEN UPDATE SET "
@@ -295,7 +306,8 @@ class DeltaSparkStore(TableStore):
             self.spark.catalog.dropTempView(view)
         return self._version(spec)
 
-    def delete(self, spec: TableSpec, predicate: str, txns: Sequence[AppTxn] = ()) -> int:
+    def delete(self, spec: TableSpec, predicate: Predicate, txns: Sequence[AppTxn] = ()) -> int:
+        predicate = predicate_sql(self.spark, predicate, spec.schema)
         with self._txn_confs(_one_txn(txns)), self._conflicts(f"delete from {spec.key}"):
             self.spark.sql(f"DELETE FROM {self.ident(spec)} WHERE {predicate}")
         return self._version(spec)

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 from pyspark.testing import assertDataFrameEqual
 
@@ -248,3 +249,14 @@ def test_the_newest_complete_checkpoint_is_the_one_read() -> None:
     assert newest_checkpoint([classic, *whole, v2], 7) == 6  # not after the version asked about
     assert newest_checkpoint([classic, *whole, v2], 8) == 8
     assert newest_checkpoint([f"{v(3)}.json", "_last_checkpoint"], 3) is None
+
+
+def test_merge_and_delete_take_a_column_as_delta_does(store: TableStore, spark: SparkSession) -> None:
+    store.ensure(SPEC)
+    store.append(SPEC, rows(spark, [("a", 1, 10, T0), ("b", 1, 20, T0), ("it's", 3, 7, T0)]))
+    on = (F.col("t.k") == F.col("s.k")) & (F.col("t.part") == F.col("s.part")) & F.col("t.part").isin(1, 2)
+    store.merge(SPEC, rows(spark, [("a", 1, 5, T0), ("z", 2, 1, T0)]), on=on, update={"n": "t.n + s.n"})
+    store.delete(SPEC, (F.col("n") > F.lit(16)) & F.col("ts").isNotNull())
+    assertDataFrameEqual(store.read(SPEC), rows(spark, [("a", 1, 15, T0), ("z", 2, 1, T0), ("it's", 3, 7, T0)]))
+    store.delete(SPEC, F.col("k") == F.lit("it's"))
+    assertDataFrameEqual(store.read(SPEC), rows(spark, [("a", 1, 15, T0), ("z", 2, 1, T0)]))
