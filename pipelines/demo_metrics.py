@@ -18,7 +18,7 @@ import yaml
 from pipelines.metrics import dropped_late, query
 from pipelines.runner import Context
 from pipelines.sources.remote_write import Series, from_series
-from pipelines.sources.remote_write_server import samples_table
+from pipelines.sources.remote_write_rows import samples_table
 from pipelines.storage import AppTxn
 from pipelines.tables import BRONZE_SAMPLES, GOLD_METRIC_WINDOWS, SILVER_METRIC_PANES
 from silver.config import AggregationSettings

@@ -209,7 +209,7 @@ PANE_SHAPES = {
 def metric_panes_stage(b: Bench, w: Workload) -> None:
     """Samples/s through panes into closed windows, tumbling against sliding with 6 panes a window."""
     from pipelines.sources.remote_write import SNAPPY, decode
-    from pipelines.sources.remote_write_server import samples_table
+    from pipelines.sources.remote_write_rows import samples_table
 
     now = datetime.now(UTC)
     table = pa.concat_tables(

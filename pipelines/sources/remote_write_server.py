@@ -42,27 +42,22 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PromCounter
-from pyspark.sql.pandas.types import to_arrow_schema
 
-from bronze.samples import BRONZE_SAMPLES_SCHEMA
 from pipelines import observability
 from pipelines.settings import RemoteWriteSettings
 from pipelines.sources import remote_write as codec
+from pipelines.sources.remote_write_rows import request_series, sample_count, samples_of
 from pipelines.sources.wal import WalFullError, WriteAheadLog
 from pipelines.storage import AppTxn, TableSpec, TableStore
-from pipelines.storage.base import conform
 
 log = logging.getLogger("medallion.remote_write")
 
 WRITE_PATHS = ("/api/v1/write", "/api/v1/import", "/api/v1/push")
-SAMPLES_ARROW = to_arrow_schema(BRONZE_SAMPLES_SCHEMA, timezone="UTC")
 RETRY_AFTER_SECONDS = 2
 # Kinds of write-ahead log segment: a request's tagged series, a rejected body, and sample rows
 # (what earlier versions logged; still flushed after an upgrade).
@@ -116,72 +111,6 @@ class Metrics:
 
 
 FLUSH_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
-
-
-#: What the write-ahead log holds per request: the decoded series (:data:`codec.SERIES_SCHEMA`)
-#: and, per series, the request's arrival time, source and batch id. Labels are kept once per
-#: series rather than once per sample, and the flusher builds sample rows for many requests at once.
-WAL_SERIES_SCHEMA = (
-    codec.SERIES_SCHEMA.append(pa.field("ingest_time", pa.timestamp("us", tz="UTC")))
-    .append(pa.field("source", pa.string()))
-    .append(pa.field("batch_id", pa.string()))
-)
-
-
-def request_series(series: pa.Table, source: str, batch_id: str, now: datetime) -> pa.Table:
-    """One request's decoded series tagged with where and when they came from (:data:`WAL_SERIES_SCHEMA`)."""
-    count = series.num_rows
-    return pa.table(
-        [
-            *series.columns,
-            pa.repeat(pa.scalar(now, pa.timestamp("us", tz="UTC")), count),
-            pa.repeat(pa.scalar(source, pa.string()), count),
-            pa.repeat(pa.scalar(batch_id, pa.string()), count),
-        ],
-        schema=WAL_SERIES_SCHEMA,
-    )
-
-
-def sample_count(series: pa.Table) -> int:
-    """Samples held by decoded series (the rows they become)."""
-    return int(pc.sum(pc.list_value_length(series.column("timestamps_ms"))).as_py() or 0)
-
-
-def samples_of(series: pa.Table) -> pa.Table:
-    """Tagged series (:data:`WAL_SERIES_SCHEMA`, any number of requests) -> one row per sample in
-    the bronze/samples layout.
-
-    Per-series columns (name, labels, id, tags) are computed once per series and repeated per
-    sample with Arrow's ``take``; nothing is built per sample in Python.
-    """
-    labels = series.column("labels").combine_chunks()
-    names, values = labels.flatten().flatten()
-    # A series' metric name is its last ``__name__`` label, as a dict of its labels would keep it.
-    named = pc.equal(names, "__name__").to_numpy(zero_copy_only=False)
-    owner = pc.list_parent_indices(labels).to_numpy()[named]
-    last = np.flatnonzero(np.append(owner[1:] != owner[:-1], True)) if owner.size else owner
-    position = np.full(len(series), -1, np.int64)
-    position[owner[last]] = np.flatnonzero(named)[last]
-    per_series = pa.table(
-        {
-            "metric_name": values.take(pa.array(position, mask=position < 0)),
-            "labels": pa.MapArray.from_arrays(pc.subtract(labels.offsets, labels.offsets[0]), names, values),
-            "series_id": codec.series_ids(labels),
-            "ingest_time": series.column("ingest_time").combine_chunks(),
-            "source": series.column("source").combine_chunks(),
-            "batch_id": series.column("batch_id").combine_chunks(),
-        }
-    )
-    timestamps = series.column("timestamps_ms").combine_chunks()
-    table = per_series.take(pc.list_parent_indices(timestamps))
-    table = table.append_column("timestamp", pc.multiply(timestamps.flatten(), 1000).cast(pa.timestamp("us", tz="UTC")))
-    table = table.append_column("value", series.column("values").combine_chunks().flatten())
-    return conform(table, SAMPLES_ARROW)
-
-
-def samples_table(series: pa.Table, source: str, batch_id: str, now: datetime) -> pa.Table:
-    """Decoded series (:data:`codec.SERIES_SCHEMA`) of one request -> its rows in bronze/samples."""
-    return samples_of(request_series(series, source, batch_id, now))
 
 
 class Receiver:

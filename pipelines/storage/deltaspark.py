@@ -231,10 +231,8 @@ class DeltaSparkStore(TableStore):
         if name is not None:
             # External: the files stay at the lake path, whichever metastore names them.
             parts.append(f"LOCATION {sql_string(self.path(spec))}")
-        # Tasks that start together (a for_each over buckets) may race to create a table: whoever
-        # loses finds it there, with the schema every task asks for. A loser can also see the
-        # winner's directory before its first commit, when IF NOT EXISTS passes without creating
-        # anything: it then waits for that commit.
+        # Tasks that start together (a for_each over buckets) race to create a table: a loser finds
+        # it there, or (IF NOT EXISTS passing on a bare directory) waits for the winner's commit.
         deadline = time.monotonic() + ENSURE_WAIT_S
         while True:
             try:

@@ -19,7 +19,7 @@ from pipelines.metrics import dropped_late, query
 from pipelines.runner import Context
 from pipelines.settings import load_settings
 from pipelines.sources.remote_write import Series, from_series
-from pipelines.sources.remote_write_server import samples_table
+from pipelines.sources.remote_write_rows import samples_table
 from pipelines.storage import open_store
 from pipelines.tables import BRONZE_SAMPLES, GOLD_METRIC_WINDOWS
 

@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipelines.sources import remote_write as codec
-from pipelines.sources.remote_write_server import LEGACY_SAMPLES, request_series, samples_of, samples_table
+from pipelines.sources.remote_write_rows import request_series, samples_of, samples_table
+from pipelines.sources.remote_write_server import LEGACY_SAMPLES
 from pipelines.sources.wal import WriteAheadLog
 from tests.helpers import PROM_HEADERS, RunningReceiver, start_receiver
 
