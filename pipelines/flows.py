@@ -84,7 +84,9 @@ class Flow:
     targets: tuple[TableSpec, ...]
     mode: Mode
     description: str
-    #: Runs it once (None: started by ``medallion ingest`` / ``serve``, not by ``medallion run``).
+    #: Runs it once, for the flows that are not a transform: the two ClickHouse exports, whose
+    #: exactly-once protocol (outbox, insert tokens, log) is their sink's. None with no transform:
+    #: started by ``medallion ingest`` / ``serve``, not by ``medallion run``.
     run: Callable[[Context, RunOptions], RunRecord] | None = None
     #: Splits by team bucket (``--bucket``): one app id per bucket set.
     by_bucket: bool = False
