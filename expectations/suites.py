@@ -14,6 +14,7 @@ is a bug in the pipeline, so the run fails and writes nothing.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from bronze.page_changes import PAGE_CHANGE_KINDS
 from expectations.core import (
@@ -59,12 +60,33 @@ def bronze_page_changes() -> Suite:
     )
 
 
-def silver_events(bucket_count: int) -> Suite:
+def _repeated_identities(horizon_us: int) -> str:
+    """Silver events whose identity an earlier row holds within ``horizon_us`` of event time."""
+    return f"""
+SELECT * FROM (
+  SELECT *, LAG(event_time) OVER (PARTITION BY team_id, uuid ORDER BY event_time) AS _prev FROM {{batch}}
+) WHERE _prev IS NOT NULL AND unix_micros(event_time) - unix_micros(_prev) <= {int(horizon_us)}
+"""
+
+
+def silver_events(bucket_count: int, dedup_horizon_us: int = 0) -> Suite:
+    """``dedup_horizon_us`` (silver.dedup_horizon; 0: off) adds the check that no identity is held
+    twice within it, on the whole table: each batch is deduplicated against silver as it is written."""
+    identity = (
+        no_rows(
+            "identity_unique_within_horizon",
+            _repeated_identities(dedup_horizon_us),
+            "one event per (team_id, uuid) within silver.dedup_horizon of event time",
+        )
+        if dedup_horizon_us
+        else None
+    )
     return Suite(
         "silver/events",
         (
             *(not_null(c, policy="fail") for c in ("uuid", "team_id", "event_time", "bucket")),
             between("bucket", low=0, high=bucket_count - 1, policy="fail", name="bucket_in_range"),
+            *([replace(identity, scope="table")] if identity is not None else []),
         ),
     )
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pyspark.sql import functions as F
+
 from pipelines import fixtures, flows, jobs, synthetic
 from pipelines.demo_counters import counters_summary, prepare_counters
 from pipelines.demo_metrics import metrics_summary, prepare_metrics
@@ -123,6 +125,15 @@ def summary(ctx: Context) -> dict[str, Any]:
     exports = store.read(PIPELINE_EVENTS).where("job = 'export.clickhouse' AND status = 'ok'").collect()
     corrections = int(sum((r["metrics"] or {}).get("late_corrections", 0) for r in exports))
     gated = int(exports[-1]["metrics"].get("gated", 0)) if exports else 0
+    # Repeats dropped by event identity, per silver flow (two rows).
+    repeats = {
+        r["job"]: int(r["n"] or 0)
+        for r in store.read(PIPELINE_EVENTS)
+        .where("job IN ('silver.events', 'silver.page_changes')")
+        .groupBy("job")
+        .agg(F.sum(F.col("metrics")["duplicates_dropped"]).alias("n"))
+        .collect()
+    }
     events_in = rows[BRONZE_EVENTS.key]
     changes_in = rows[BRONZE_PAGE_CHANGES.key]
     changes_out = rows[SILVER_PAGE_CHANGES.key]
@@ -138,6 +149,8 @@ def summary(ctx: Context) -> dict[str, Any]:
         "page_changes_in": changes_in,
         "page_changes_out": changes_out,
         "page_changes_deduplicated": changes_in - changes_out,
+        "event_repeats_dropped": repeats.get("silver.events", 0),
+        "page_change_repeats_dropped": repeats.get("silver.page_changes", 0),
         "dedup_percent": round(100.0 * (changes_in - changes_out) / changes_in, 2) if changes_in else 0.0,
         "records_per_event_single_stage": round(rows[GOLD_PARTIALS.key] / events_in, 3) if events_in else 0.0,
         "records_per_event_two_stage": round(ch_tuples / events_in, 3) if events_in else 0.0,

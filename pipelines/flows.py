@@ -18,12 +18,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from bronze.primitives import micros
 from expectations.suites import CLICKHOUSE as CLICKHOUSE_TABLE
 from pipelines.errors import InputError
 from pipelines.jobs import counters, gold_checks, metrics
 from pipelines.jobs import gold as gold_jobs
 from pipelines.jobs import silver as silver_jobs
-from pipelines.layer_config import bucket_mapping
 from pipelines.tables import (
     BRONZE_EVENTS,
     BRONZE_PAGE_CHANGES,
@@ -200,11 +200,14 @@ FLOWS: tuple[Flow, ...] = (
         "append",
         "bronze events -> silver events with their team bucket",
         transform=silver_jobs.events,
-        config=bucket_mapping,
+        config=silver_jobs.silver_config,
         figures=silver_jobs.events_figures,
         by_bucket=True,
         gated=(SILVER_EVENTS.key,),
-        suite_params=lambda settings: {"bucket_count": settings.buckets.count},
+        suite_params=lambda settings: {
+            "bucket_count": settings.buckets.count,
+            "dedup_horizon_us": micros(settings.silver.dedup_horizon),
+        },
     ),
     Flow(
         "silver.page_changes",
@@ -215,7 +218,7 @@ FLOWS: tuple[Flow, ...] = (
         "bronze page changes -> one change per page per 5-minute window, in order",
         transform=silver_jobs.page_changes,
         state=silver_jobs.PAGE_CHANGE_STATE,
-        config=lambda settings: settings.page_changes,
+        config=silver_jobs.page_change_config,
         gated=(SILVER_PAGE_CHANGES.key,),
     ),
     Flow(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame
@@ -51,10 +52,18 @@ class Batch:
     kept: bool = False
     #: Treat every window as closed (the end of a backfill).
     drain: bool = False
+    #: Reads another table's rows from a point of a column on (:meth:`read_since`).
+    since: Callable[[TableSpec, str, datetime], DataFrame] | None = None
 
     def read(self, spec: TableSpec, where: str | None = None) -> DataFrame:
         assert self.lookup is not None, "a batch built without a lookup"
         return self.lookup(spec, where)
+
+    def read_since(self, spec: TableSpec, column: str, since: datetime) -> DataFrame:
+        """Another table's rows whose ``column`` is ``since`` or later, from the files that may
+        hold them (:meth:`pipelines.storage.TableStore.read_since`)."""
+        assert self.since is not None, "a batch built without a lookup"
+        return self.since(spec, column, since)
 
     def empty(self, spec: TableSpec) -> DataFrame:
         """No rows, with ``spec``'s schema."""
@@ -236,7 +245,9 @@ def run_incremental(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
                 rows = ctx.store.read_changes(source, inc.start, inc.end)
             if kept is None and buckets and "bucket" in source.schema.fieldNames():  # a split run's rows only
                 rows = rows.where(F.col("bucket").isin(*sorted(set(buckets))))
-            batch = Batch(rows, inc.start, inc.end, buckets, ctx.store.read, kept=kept is not None, drain=options.drain)
+            batch = Batch(
+                rows, inc.start, inc.end, buckets, ctx.store.read, kept is not None, options.drain, ctx.store.read_since
+            )
             out = transform(batch, config, figures)
             if target.key in flow.gated:
                 from pipelines import quality

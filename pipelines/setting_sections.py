@@ -99,6 +99,20 @@ class ClickHouseSettings(_Section):
         return v
 
 
+class SilverSettings(_Section):
+    dedup_horizon: Duration = Field(
+        default=timedelta(hours=24),
+        description="an event whose (team_id, uuid) silver holds within this much event time is a repeat; 0: off",
+    )
+
+    @field_validator("dedup_horizon")
+    @classmethod
+    def _horizon(cls, v: timedelta) -> timedelta:
+        if v < timedelta(0):
+            raise ValueError("dedup_horizon must not be negative (0 turns deduplication off)")
+        return v
+
+
 class PageChangeSettings(_Section):
     window: Duration = timedelta(minutes=5)
     allowed_lateness: Duration = timedelta(minutes=1)

@@ -36,6 +36,7 @@ from pipelines.setting_sections import (
     PageChangeSettings,
     QualitySettings,
     RemoteWriteSettings,
+    SilverSettings,
     SparkSettings,
     redact_url,
 )
@@ -67,6 +68,7 @@ class Settings(BaseSettings):
     spark: SparkSettings = Field(default_factory=SparkSettings)
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
+    silver: SilverSettings = Field(default_factory=SilverSettings)
     page_changes: PageChangeSettings = Field(default_factory=PageChangeSettings)
     gold: GoldSettings = Field(default_factory=GoldSettings)
     buckets: BucketSettings = Field(default_factory=BucketSettings)

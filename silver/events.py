@@ -31,13 +31,13 @@ SILVER_EVENTS_COLUMNS = [f.name for f in SILVER_EVENTS_SCHEMA.fields]
 
 
 def to_silver_events(mapping: BucketMapping) -> Callable[[DataFrame], DataFrame]:
-    """Bronze event rows -> silver event rows (renamed event time, bucket assigned, property
-    documents parsed)."""
+    """Bronze event rows -> silver event rows (renamed event time, bucket assigned unless the rows
+    have one already, property documents parsed)."""
 
     def transform(df: DataFrame) -> DataFrame:
         return (
             df.withColumn("event_time", F.col("timestamp"))
-            .transform(assign_buckets(mapping))
+            .transform(assign_buckets(mapping) if BUCKET not in df.columns else (lambda bucketed: bucketed))
             .transform(parse_documents())
             .select(*SILVER_EVENTS_COLUMNS)
         )

@@ -84,6 +84,10 @@ def print_summary(result: dict[str, Any]) -> None:
     f.add_row("page changes in", f"{result['page_changes_in']:,}")
     f.add_row("page changes out (silver)", f"{result['page_changes_out']:,}")
     f.add_row("page changes deduplicated", f"{result['page_changes_deduplicated']:,} ({result['dedup_percent']}%)")
+    f.add_row(
+        "repeats dropped by identity: events / page changes",
+        f"{result['event_repeats_dropped']:,} / {result['page_change_repeats_dropped']:,}",
+    )
     f.add_row("tuples fanned out", f"{result['tuples_fanned_out']:,}")
     f.add_row("records per input event, single-stage (partials)", f"{result['records_per_event_single_stage']}")
     f.add_row("records per input event, two-stage (ClickHouse)", f"{result['records_per_event_two_stage']}")
@@ -101,6 +105,7 @@ def print_flows(ctx: Any | None) -> None:
     from pipelines import flows
 
     last: dict[str, Any] = {}
+    repeats: dict[str, int] = {}
     if ctx is not None:
         from pyspark.sql import Window
         from pyspark.sql import functions as F
@@ -117,9 +122,20 @@ def print_flows(ctx: Any | None) -> None:
             .collect()
         )
         last = {r["base"]: r for r in rows}
+        # Repeats dropped over every run, per flow (one row each): silver's dedup by event identity.
+        repeats = {
+            r["base"]: int(r["n"])
+            for r in ctx.store.read(PIPELINE_EVENTS)
+            .withColumn("base", F.split("job", "#").getItem(0))
+            .groupBy("base")
+            .agg(F.sum(F.col("metrics")["duplicates_dropped"]).alias("n"))
+            .where("n IS NOT NULL")
+            .collect()
+        }
     t = Table(title="Flows", title_justify="left")
-    for col in ("flow", "stage", "reads", "writes", "mode", *(("last run", "status", "in", "out") if ctx else ())):
-        t.add_column(col, justify="right" if col in ("in", "out") else "left")
+    columns = ("last run", "status", "in", "out", "repeats dropped") if ctx else ()
+    for col in ("flow", "stage", "reads", "writes", "mode", *columns):
+        t.add_column(col, justify="right" if col in ("in", "out", "repeats dropped") else "left")
     for f in flows.FLOWS:
         reads = ", ".join([s.key for s in f.sources] + ([f.external_source] if f.external_source else []))
         writes = ", ".join([s.key for s in f.targets] + ([f.external_target] if f.external_target else []))
@@ -131,7 +147,7 @@ def print_flows(ctx: Any | None) -> None:
                 [r["ended_at"].strftime("%Y-%m-%d %H:%M:%S"), r["status"], f"{r['rows_in']:,}", f"{r['rows_out']:,}"]
                 if r
                 else ["-", "never", "", ""]
-            )
+            ) + [f"{repeats[f.name]:,}" if f.name in repeats else ""]
         t.add_row(*cells)
     console.print(t)
 

@@ -172,9 +172,10 @@ def analyze_dedup(state: State, windows: str, table_key: str, files: tuple[Path,
 )
 @click.option(
     "--only",
-    type=click.Choice(["ingest"]),
+    type=click.Choice(["ingest", "dedup"]),
     help="Only these stages: ingest = Kafka and remote write -> bronze with their peers "
-    "(VictoriaMetrics and Prometheus among them).",
+    "(VictoriaMetrics and Prometheus among them); dedup = silver events with deduplication by event "
+    "identity on and off, at every size up to --size.",
 )
 @click.pass_obj
 def bench(
@@ -222,6 +223,14 @@ def bench(
     say_step("starting Spark")
     spark = build_spark(state.settings)
     runs = repeats or {"S": 2, "M": 3, "L": 1}[size]
+    if only == "dedup":
+        from pipelines.bench.dedup import run_dedup
+
+        sizes = list("SML"[: "SML".index(size) + 1])  # every size up to --size
+        result = run_dedup(sizes, out, spark, repeats or 3, say=say_step)
+        console.print((out / "dedup.md").read_text())
+        say_step(f"dedup bench done in {result['wall_seconds']:,} s: {out}/dedup.md, dedup.json, dedup.png")
+        return
     if only == "ingest":
         from pipelines.bench.ingest import run_ingest
 

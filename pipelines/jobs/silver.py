@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from datetime import UTC, datetime
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from pipelines.eventlog import RunRecord
 from pipelines.incremental import Batch, FlowRecord, StateBatch, StateRules, StateStep
+from pipelines.layer_config import bucket_mapping
 from pipelines.runner import Context
 from pipelines.setting_sections import PageChangeSettings
-from pipelines.tables import SILVER_PAGE_CHANGES
-from silver.buckets import BucketMapping, in_buckets
+from pipelines.settings import Settings
+from pipelines.tables import SILVER_EVENTS, SILVER_PAGE_CHANGES
+from silver.buckets import BucketMapping, assign_buckets, in_buckets
+from silver.dedup import REPEAT, first_copies, mark_repeats, recent_identities
 from silver.events import to_silver_events
 from silver.page_changes import (
     EVENT_COLUMNS,
@@ -27,22 +31,61 @@ from silver.page_changes import (
 )
 
 
-def events(batch: Batch, mapping: BucketMapping, record: FlowRecord) -> DataFrame:
-    """New bronze events -> silver events with their team bucket (this run's buckets only).
+@dataclass(frozen=True)
+class SilverConfig:
+    """What silver.events is configured with: the team buckets and the dedup horizon (0: off)."""
+
+    mapping: BucketMapping
+    horizon: timedelta
+
+
+def silver_config(settings: Settings) -> SilverConfig:
+    return SilverConfig(bucket_mapping(settings), settings.silver.dedup_horizon)
+
+
+def events(batch: Batch, config: SilverConfig, record: FlowRecord) -> DataFrame:
+    """New bronze events -> silver events with their team bucket (this run's buckets only), each
+    event once: repeats of an identity silver or the batch already holds within the horizon are
+    dropped and counted (:mod:`silver.dedup`).
 
     Not cached: the gate's checks and the figures read the event columns only, so Spark leaves the
     property parse out of them and re-reads those columns from bronze; the documents are parsed
     once, by the write. (Caching the batch cost more than the parse it saved: the cache holds
     every parsed document.)
     """
-    return batch.rows.transform(to_silver_events(mapping)).transform(in_buckets(batch.buckets))
+    rows = batch.rows.transform(assign_buckets(config.mapping)).transform(in_buckets(batch.buckets))
+    if config.horizon:
+        rows = first_copies(rows.transform(repeats_marked(batch, config.horizon, record)))
+    return rows.transform(to_silver_events(config.mapping))
 
 
-def events_figures(out: DataFrame, mapping: BucketMapping, record: FlowRecord) -> None:
+def repeats_marked(batch: Batch, horizon: timedelta, record: FlowRecord) -> Callable[[DataFrame], DataFrame]:
+    """Bucketed bronze rows -> the same rows marked where they repeat an event (``_repeat``), with
+    the figures: ``input_events`` and ``duplicates_dropped``."""
+
+    def transform(rows: DataFrame) -> DataFrame:
+        # One row: the batch's earliest event time, to read silver only from the horizon before it.
+        earliest = rows.agg(F.min("timestamp")).first()
+        seen = None
+        if earliest is not None and earliest[0] is not None:
+            held = batch.read_since(SILVER_EVENTS, "event_time", earliest[0] - horizon)
+            seen = recent_identities(held.transform(in_buckets(batch.buckets)))
+        marked = rows.transform(mark_repeats(seen, horizon, time="timestamp"))
+        # One row of totals: the figures, not the rows.
+        totals = marked.agg(F.count(F.lit(1)), F.sum(F.col(REPEAT).cast("long"))).first()
+        n_in, n_repeats = (int(totals[0]), int(totals[1] or 0)) if totals else (0, 0)
+        record.add(input_events=n_in, duplicates_dropped=n_repeats)
+        return marked
+
+    return transform
+
+
+def events_figures(out: DataFrame, config: SilverConfig, record: FlowRecord) -> None:
     # One row per bucket: the batch's figures, not its rows.
     per_bucket = out.groupBy("bucket").agg(F.count(F.lit(1)).alias("n"), F.max("event_time").alias("t")).collect()
     n_out = sum(int(r["n"]) for r in per_bucket)
-    record.rows(n_out, n_out)
+    n_in = int(record.figure("input_events")) if config.horizon else n_out
+    record.rows(n_in, n_out)
     record.add(**{f"bucket.{r['bucket']}.events": int(r["n"]) for r in per_bucket})
     # Lag: how far behind now the newest event of each bucket in this batch is.
     now = datetime.now(UTC).timestamp()
@@ -53,7 +96,9 @@ def events_figures(out: DataFrame, mapping: BucketMapping, record: FlowRecord) -
             if r["t"] is not None
         }
     )
-    record.say(f"silver/events: {n_out:,} events in {len(per_bucket)} bucket(s)")
+    repeats = int(record.figure("duplicates_dropped"))
+    dropped = f", {repeats:,} repeat(s) dropped" if repeats else ""
+    record.say(f"silver/events: {n_out:,} events in {len(per_bucket)} bucket(s){dropped}")
 
 
 def silver_events(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
@@ -81,19 +126,54 @@ def page_changes_done(state: DataFrame) -> int | None:
 PAGE_CHANGE_STATE = StateRules(page_changes_done, state_events, "emit", SILVER_PAGE_CHANGES_COLUMNS)
 
 
-def page_changes(batch: StateBatch, cfg: PageChangeSettings, record: FlowRecord) -> StateStep:
+@dataclass(frozen=True)
+class PageChangeConfig:
+    """silver.page_changes' rules and the dedup horizon of exact repeats (``meta.id``; 0: off)."""
+
+    rules: PageChangeSettings
+    horizon: timedelta
+
+
+def page_change_config(settings: Settings) -> PageChangeConfig:
+    return PageChangeConfig(settings.page_changes, settings.silver.dedup_horizon)
+
+
+#: A page change's identity: its ``meta.id``, the same on every copy of one change.
+META_ID = ("meta_id",)
+#: The order page changes landed in (bronze's commit, file, partition, offset), then their text.
+PAGE_CHANGE_ORDER = ("_commit_version", "source_file", "partition", "offset", "raw")
+
+
+def page_changes(batch: StateBatch, config: PageChangeConfig, record: FlowRecord) -> StateStep:
     """New bronze page changes and the state -> reordered, deduplicated page changes, window by
-    window, and the next state (silver.page_changes)."""
-    state = batch.state
+    window, and the next state (silver.page_changes).
+
+    An exact repeat (a ``meta.id`` landed before it, in this batch or buffered in an open window,
+    within the horizon) is dropped first and counted as ``duplicates_dropped``; a repeat of a change
+    whose window is closed is older than what the page emitted, so the rules drop it as stale.
+    """
+    cfg, state = config.rules, batch.state
     progress = state.transform(state_progress).first()
     max_seen = progress["max_event_time"] if progress else None
-    new = batch.rows.select(*EVENT_COLUMNS) if batch.rows is not None else None
-    n_in, batch_max = 0, None
-    if new is not None:
-        seen = new.agg(F.count(F.lit(1)).alias("n"), F.max("event_time").alias("t")).first()
-        n_in, batch_max = (int(seen["n"]), seen["t"]) if seen else (0, None)
-    max_seen, watermark = event_clock(max_seen, batch_max, cfg.allowed_lateness, batch.drain)
     buffered = state.transform(state_events)
+    new = batch.rows
+    n_in, batch_max, n_repeats = 0, None, 0
+    if new is not None:
+        if config.horizon:
+            seen = recent_identities(buffered, META_ID)
+            new = new.transform(mark_repeats(seen, config.horizon, order=PAGE_CHANGE_ORDER, identity=META_ID))
+        else:
+            new = new.withColumn(REPEAT, F.lit(False))
+        # One row: the batch's figures.
+        totals = new.agg(
+            F.count(F.lit(1)).alias("n"), F.max("event_time").alias("t"), F.sum(F.col(REPEAT).cast("long"))
+        ).first()
+        if totals:
+            n_in, batch_max, n_repeats = int(totals[0]), totals[1], int(totals[2] or 0)
+        new = first_copies(new).select(*EVENT_COLUMNS)
+        if config.horizon:
+            record.add(duplicates_dropped=n_repeats)
+    max_seen, watermark = event_clock(max_seen, batch_max, cfg.allowed_lateness, batch.drain)
     events = buffered if new is None else buffered.unionByName(new)
     result = dedup_run(events, state.transform(state_last_emitted), cfg.mode, cfg.window, watermark)
     # Several actions read these; caching them keeps each step computed once.

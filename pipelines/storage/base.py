@@ -21,6 +21,7 @@ from typing import Any, TypeAlias
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
@@ -228,6 +229,11 @@ class TableStore(ABC):
     @abstractmethod
     def read(self, spec: TableSpec, where: str | None = None) -> DataFrame:
         """The current rows as a Spark DataFrame (``where``: an SQL predicate over the table)."""
+
+    def read_since(self, spec: TableSpec, column: str, since: datetime) -> DataFrame:
+        """The current rows whose ``column`` is ``since`` or later, read from only the files whose
+        statistics say they may hold such rows (Delta's data skipping on delta-spark)."""
+        return self.read(spec).where(F.col(column) >= F.lit(since))
 
     @abstractmethod
     def read_changes(self, spec: TableSpec, start_version: int, end_version: int | None = None) -> DataFrame:

@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
@@ -288,6 +289,20 @@ class DeltaRsStore(TableStore):
         dt = self._readable(spec, self._table(spec))
         df = scan(self.spark, spec.schema, self.path(spec), dt.file_uris())
         return df.where(where) if where else df
+
+    def read_since(self, spec: TableSpec, column: str, since: datetime) -> DataFrame:
+        dt = self._readable(spec, self._table(spec))
+        files = pa.table(dt.get_add_actions(flatten=True))
+        newest = f"max.{column}"
+        if newest in files.column_names:  # files without the statistic may hold anything
+            stat = files[newest]
+            keep = pc.or_kleene(pc.is_null(stat), pc.greater_equal(stat, pa.scalar(since, stat.type)))
+            files = files.filter(keep)
+        # Data files have unique names (a uuid each): the kept ones are picked out of the URIs
+        # delta-rs resolves by name, whatever the encoding of their partition folders.
+        kept = {p.rsplit("/", 1)[-1] for p in files["path"].to_pylist()}
+        uris = [u for u in dt.file_uris() if u.rsplit("/", 1)[-1] in kept]
+        return scan(self.spark, spec.schema, self.path(spec), uris).where(F.col(column) >= F.lit(since))
 
     def read_changes(self, spec: TableSpec, start_version: int, end_version: int | None = None) -> DataFrame:
         """The change feed as Delta defines it: a commit with change-data files is read from them;

@@ -1,0 +1,78 @@
+"""Silver events unique by identity: an event sent twice is counted once.
+
+An event's identity is ``(team_id, uuid)``. A repeat is an event whose identity was seen before
+with an event time within the *horizon* (``silver.dedup_horizon``, 24 h by default):
+
+- in the same batch, landed before it: in bronze's commit order, then by file, Kafka partition
+  and offset; copies that tie on all of these (two lines of one file) are ordered by their
+  content, so that a rerun keeps the same one;
+- or already in silver.
+
+The first copy is kept; repeats are dropped and counted. An identity seen again beyond the horizon
+is a new event: the bound that keeps the check to the part of silver the horizon covers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from functools import reduce
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+from bronze.primitives import micros
+
+IDENTITY = ("team_id", "uuid")
+#: Bronze's columns (and its change feed's) that give the order events landed in, then the content
+#: that breaks ties between copies landed together.
+LANDING_ORDER = ("_commit_version", "source_file", "partition", "offset", "event", "distinct_id", "properties")
+REPEAT = "_repeat"
+
+
+def _within(a: Column, b: Column, horizon: timedelta) -> Column:
+    return F.abs(F.unix_micros(a) - F.unix_micros(b)) <= F.lit(micros(horizon))
+
+
+def recent_identities(silver: DataFrame, identity: Sequence[str] = IDENTITY) -> DataFrame:
+    """Silver rows -> one row per identity with its earliest and latest event time (the table may
+    hold an identity more than once: rows written before deduplication was on)."""
+    return silver.groupBy(*identity).agg(F.min("event_time").alias("_first"), F.max("event_time").alias("_last"))
+
+
+def mark_repeats(
+    seen: DataFrame | None,
+    horizon: timedelta,
+    time: str = "event_time",
+    order: Sequence[str] = LANDING_ORDER,
+    identity: Sequence[str] = IDENTITY,
+) -> Callable[[DataFrame], DataFrame]:
+    """Rows of a batch -> the same rows with ``_repeat``: true for a repeat (see the module).
+
+    ``seen`` is :func:`recent_identities` of what silver holds near the batch's event times (None:
+    silver is not consulted). ``time`` is the batch's event-time column. A row missing part of its
+    identity is never a repeat.
+    """
+
+    def transform(rows: DataFrame) -> DataFrame:
+        landed = Window.partitionBy(*identity).orderBy(*(F.col(c).asc_nulls_last() for c in order))
+        first_time = F.first(F.col(time)).over(landed.rowsBetween(Window.unboundedPreceding, Window.currentRow))
+        known = reduce(lambda a, b: a & b, [F.col(c).isNotNull() for c in identity])
+        in_batch = known & (F.row_number().over(landed) > 1) & _within(F.col(time), first_time, horizon)
+        marked = rows.withColumn(REPEAT, in_batch)
+        if seen is None:
+            return marked
+        held = marked.join(seen, list(identity), "left")
+        in_silver = F.col("_first").isNotNull() & (
+            _within(F.col(time), F.col("_first"), horizon)
+            | _within(F.col(time), F.col("_last"), horizon)
+            | F.col(time).between(F.col("_first"), F.col("_last"))
+        )
+        return held.withColumn(REPEAT, F.col(REPEAT) | in_silver).drop("_first", "_last")
+
+    return transform
+
+
+def first_copies(rows: DataFrame) -> DataFrame:
+    """Marked rows -> the rows that are not repeats, without the mark."""
+    return rows.where(~F.col(REPEAT)).drop(REPEAT)

@@ -1,0 +1,230 @@
+"""Exactly once by event identity: an event that reaches the pipeline twice is counted once in
+silver, gold and ClickHouse, on both engines.
+
+The expectation is independent of the dedup code: the same events sent once, through the same
+pipeline into a second lake.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import SparkSession
+
+from pipelines import jobs
+from pipelines.eventlog import PIPELINE_EVENTS
+from pipelines.fixtures import PAGE_CHANGE_FILES
+from pipelines.runner import Context
+from pipelines.settings import load_settings
+from pipelines.storage import TableSpec, TableStore, open_store
+from pipelines.tables import SILVER_EVENTS, SILVER_PAGE_CHANGES
+from tests.infra import KafkaBroker, unique_name
+from tests.pipelines.test_export import clickhouse_state, event, gold_state, write
+from tests.pipelines.test_kafka_ingest import settings_env
+
+pytestmark = pytest.mark.integration
+
+STREAM = [event(i, second=i * 3) for i in range(30)]  # 90 s of events: 3 windows of 30 s
+
+
+def make_ctx(spark: SparkSession, lake: Path, engine: str, **silver: Any) -> Context:
+    settings = load_settings(
+        lake_root=str(lake), delta_engine=engine, gold={"window": "30s", "grace": "60s"}, silver=silver
+    )
+    return Context(settings=settings, spark=spark, store=open_store(settings, spark), say=lambda _: None)
+
+
+def downstream(ctx: Context) -> None:
+    jobs.gold_partials(ctx)
+    jobs.gold_merge(ctx)
+    jobs.export_property_values(ctx, drain=True)
+
+
+def silver_uuids(store: TableStore) -> list[str]:
+    return sorted(DeltaTable(store.path(SILVER_EVENTS)).to_pyarrow_table()["uuid"].to_pylist())
+
+
+def dropped(ctx: Context) -> int:
+    log = ctx.store.read(PIPELINE_EVENTS).where("job = 'silver.events'").collect()
+    return sum(int((r["metrics"] or {}).get("duplicates_dropped", 0)) for r in log)
+
+
+def test_repeats_within_a_batch_across_batches_and_across_files_are_counted_once(
+    spark: SparkSession, engine: str, tmp_path: Path
+) -> None:
+    once = make_ctx(spark, tmp_path / "once", engine)
+    jobs.ingest_files(once, "events", [write(tmp_path / "once.jsonl", STREAM)])
+    jobs.silver_events(once)
+    downstream(once)
+
+    twice = make_ctx(spark, tmp_path / "twice", engine)
+    # Batch 1: a file with three lines sent twice, and a second file overlapping the first.
+    a = write(tmp_path / "a.jsonl", STREAM[:20] + STREAM[5:8])
+    b = write(tmp_path / "b.jsonl", STREAM[10:25])
+    jobs.ingest_files(twice, "events", [a, b])
+    first = jobs.silver_events(twice)
+    # Batch 2: the rest, re-exported with some of what silver already holds.
+    c = write(tmp_path / "c.jsonl", STREAM[15:30] + STREAM[0:2])
+    jobs.ingest_files(twice, "events", [c])
+    second = jobs.silver_events(twice)
+    downstream(twice)
+
+    assert silver_uuids(twice.store) == sorted(e["uuid"] for e in STREAM)
+    # 23 + 15 rows in batch 1 hold 25 events; 17 rows in batch 2 hold 5 new ones.
+    assert (first.metrics["duplicates_dropped"], second.metrics["duplicates_dropped"]) == (13, 12)
+    assert (first.rows_in, first.rows_out, second.rows_in, second.rows_out) == (38, 25, 17, 5)
+    assert dropped(twice) == 25
+    assert gold_state(twice) == gold_state(once)
+    assert clickhouse_state(twice) == clickhouse_state(once)
+
+
+def test_a_repeat_beyond_the_horizon_is_counted_again_and_zero_turns_it_off(
+    spark: SparkSession, engine: str, tmp_path: Path
+) -> None:
+    def late(e: dict[str, Any], hours: int) -> dict[str, Any]:
+        return {**e, "timestamp": e["timestamp"].replace("T00:", f"T{hours:02d}:")}
+
+    repeats = [STREAM[0], late(STREAM[0], 2), STREAM[1], STREAM[1]]  # 0 again after 2 h; 1 twice at once
+    ctx = make_ctx(spark, tmp_path / "hour", engine, dedup_horizon="1h")
+    jobs.ingest_files(ctx, "events", [write(tmp_path / "r.jsonl", repeats)])
+    record = jobs.silver_events(ctx)
+    assert (record.rows_out, record.metrics["duplicates_dropped"]) == (3, 1)
+    assert silver_uuids(ctx.store) == sorted([STREAM[0]["uuid"], STREAM[0]["uuid"], STREAM[1]["uuid"]])
+
+    off = make_ctx(spark, tmp_path / "off", engine, dedup_horizon="0")
+    jobs.ingest_files(off, "events", [write(tmp_path / "r.jsonl", repeats)])
+    record = jobs.silver_events(off)
+    assert record.rows_out == 4 and "duplicates_dropped" not in record.metrics
+
+
+class Crash(Exception):
+    pass
+
+
+def test_a_crash_between_the_dedup_read_and_the_commit_leaves_silver_as_one_clean_run_would(
+    spark: SparkSession, engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctx = make_ctx(spark, tmp_path / "lake", engine)
+    jobs.ingest_files(ctx, "events", [write(tmp_path / "a.jsonl", STREAM[:20])])
+    jobs.silver_events(ctx)
+    jobs.ingest_files(ctx, "events", [write(tmp_path / "b.jsonl", STREAM[10:30] + STREAM[12:14])])
+    engine_store = type(ctx.store)
+    real_read_since, real_append = engine_store.read_since, engine_store.append
+    reads: list[TableSpec] = []
+
+    def reading(self: TableStore, spec: TableSpec, *args: Any) -> Any:
+        reads.append(spec)
+        return real_read_since(self, spec, *args)
+
+    def crash(self: TableStore, spec: TableSpec, *args: Any, **kw: Any) -> int:
+        if spec == SILVER_EVENTS:
+            assert reads == [SILVER_EVENTS]  # silver was read for the dedup before this commit
+            raise Crash("killed between the dedup read and the commit")
+        return real_append(self, spec, *args, **kw)
+
+    monkeypatch.setattr(engine_store, "read_since", reading)
+    monkeypatch.setattr(engine_store, "append", crash)
+    with pytest.raises(Crash):
+        jobs.silver_events(ctx)
+    monkeypatch.setattr(engine_store, "append", real_append)
+    rerun = jobs.silver_events(ctx)
+    assert (rerun.rows_out, rerun.metrics["duplicates_dropped"]) == (10, 12)
+    assert silver_uuids(ctx.store) == sorted(e["uuid"] for e in STREAM)
+
+
+def files_scanned(df: Any) -> int:
+    """How many files Spark read to compute ``df`` (its scans' ``numFiles``), after computing it."""
+    df.collect()  # a test's few rows; runs df's own plan, whose scans then hold their metrics
+    plan, found, todo = df._jdf.queryExecution().executedPlan(), 0, []
+    todo.append(plan)
+    while todo:
+        node = todo.pop()
+        if node.nodeName() == "AdaptiveSparkPlan":
+            todo.append(node.finalPhysicalPlan())
+            continue
+        metrics = node.metrics()
+        if node.nodeName().startswith("Scan") and metrics.contains("numFiles"):
+            found += int(metrics.apply("numFiles").value())
+        children = node.children()
+        todo.extend(children.apply(i) for i in range(children.size()))
+    return found
+
+
+def test_silver_is_read_only_in_the_files_the_horizon_covers(spark: SparkSession, engine: str, tmp_path: Path) -> None:
+    """Each day lands two batches half an hour apart. With a one-hour horizon the second run of a
+    day reads the first's file and nothing older: the same number of silver files every day,
+    however many days the table holds."""
+    ctx = make_ctx(spark, tmp_path / "lake", engine, dedup_horizon="1h")
+    engine_store = type(ctx.store)
+    files_read: list[int] = []
+    real = engine_store.read_since
+
+    def counting(self: TableStore, spec: TableSpec, column: str, since: Any) -> Any:
+        df = real(self, spec, column, since)
+        files_read.append(files_scanned(df))
+        return df
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine_store, "read_since", counting)
+        for day in range(1, 6):
+            for minute in ("00", "30"):
+                events = [
+                    {**e, "timestamp": e["timestamp"].replace("06-01T00:00", f"06-{day:02d}T00:{minute}")}
+                    for e in STREAM[:5]
+                ]
+                for e in events:
+                    e["uuid"] = e["uuid"][:-6] + f"{day:02d}{minute}" + e["uuid"][-2:]
+                jobs.ingest_files(ctx, "events", [write(tmp_path / f"day{day}-{minute}.jsonl", events)])
+                jobs.silver_events(ctx)
+    second_runs = files_read[1::2]
+    assert second_runs == [1] * 5, files_read  # the morning's file, not one more per day
+    assert ctx.store.stats(SILVER_EVENTS).files == 10
+
+
+def test_kafka_messages_sent_twice_are_one_event(
+    spark: SparkSession, engine: str, kafka_broker: KafkaBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A producer's retry: the same event in two messages, in one flush and across flushes."""
+    topic, pages, group = unique_name("events"), unique_name("pages"), unique_name("group")
+    kafka_broker.create_topic(topic, 2)
+    kafka_broker.create_topic(pages, 1)
+    messages = [json.dumps(e).encode() for e in STREAM[:10]]
+    kafka_broker.produce(topic, messages + messages[:4])
+    lake = tmp_path / "lake"
+    for k, v in settings_env(kafka_broker, lake, topic, pages, group).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("MEDALLION_DELTA_ENGINE", engine)
+    ctx = Context(settings=load_settings(), spark=spark, store=open_store(load_settings(), spark))
+    jobs.ingest_kafka(ctx, once=True, max_batch=100, max_wait=0.5)
+    first = jobs.silver_events(ctx)
+    kafka_broker.produce(topic, messages[6:] + [json.dumps(e).encode() for e in STREAM[10:12]])
+    jobs.ingest_kafka(ctx, once=True, max_batch=100, max_wait=0.5)
+    second = jobs.silver_events(ctx)
+    assert (first.rows_out, first.metrics["duplicates_dropped"]) == (10, 4)
+    assert (second.rows_out, second.metrics["duplicates_dropped"]) == (2, 4)
+    assert silver_uuids(ctx.store) == sorted(e["uuid"] for e in STREAM[:12])
+
+
+def test_page_changes_drop_an_exact_repeat_of_meta_id_and_count_it(
+    spark: SparkSession, engine: str, tmp_path: Path
+) -> None:
+    lines = [ln for f in PAGE_CHANGE_FILES for ln in f.read_text().splitlines() if ln.strip()]
+    (tmp_path / "all.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "again.jsonl").write_text("\n".join(lines[:3]) + "\n")  # a producer's retry of three
+
+    def emitted(lake: str, files: list[str]) -> tuple[list[tuple], Any]:
+        ctx = make_ctx(spark, tmp_path / lake, engine)
+        jobs.ingest_files(ctx, "page_changes", [tmp_path / f for f in files])
+        record = jobs.silver_page_changes(ctx, drain=True)
+        rows = ctx.store.read(SILVER_PAGE_CHANGES).drop("raw").collect()
+        return sorted(tuple(r) for r in rows), record
+
+    once, first = emitted("once", ["all.jsonl"])
+    twice, record = emitted("twice", ["all.jsonl", "again.jsonl"])
+    assert twice == once
+    assert (first.metrics["duplicates_dropped"], record.metrics["duplicates_dropped"]) == (0, 3)
+    assert record.rows_in == len(lines) + 3

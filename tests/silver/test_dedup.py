@@ -1,0 +1,70 @@
+"""Repeats by event identity, on hand-made rows: which copy is kept and which are dropped."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from pyspark.sql import SparkSession
+
+from silver.dedup import REPEAT, first_copies, mark_repeats, recent_identities
+
+T0 = datetime(2024, 6, 1, tzinfo=UTC)
+HOUR = timedelta(hours=1)
+COLUMNS = "team_id long, uuid string, timestamp timestamp, _commit_version long, source_file string, " + (
+    "partition int, offset long, event string, distinct_id string, properties string, tag string"
+)
+SILVER = "team_id long, uuid string, event_time timestamp"
+
+
+def row(team: int, uuid: str, at: timedelta, version: int, file: str | None, offset: int | None, tag: str) -> tuple:
+    return (team, uuid, T0 + at, version, file, None if offset is None else 0, offset, "e", "d", "{}", tag)
+
+
+def test_the_first_landed_copy_is_kept_and_later_ones_within_the_horizon_are_repeats(spark: SparkSession) -> None:
+    batch = spark.createDataFrame(
+        [
+            row(1, "a", timedelta(0), 2, None, 7, "a: first, by offset"),
+            row(1, "a", timedelta(0), 2, None, 9, "a: kafka retry"),
+            row(1, "a", timedelta(minutes=5), 1, "f.jsonl", None, "a: first, by commit (earlier)"),
+            row(2, "a", timedelta(0), 2, None, 3, "same uuid, other team: another event"),
+            row(1, "b", timedelta(0), 1, "f.jsonl", None, "b: first"),
+            row(1, "b", 3 * HOUR, 2, "g.jsonl", None, "b: beyond the horizon of the first: counted again"),
+            row(1, "c", timedelta(minutes=1), 1, "f.jsonl", None, "c: silver holds it"),
+            row(1, "d", 5 * HOUR, 1, "f.jsonl", None, "d: silver's copy is outside the horizon"),
+        ],
+        COLUMNS,
+    )
+    silver = spark.createDataFrame([(1, "c", T0), (1, "d", T0), (3, "z", T0)], SILVER)
+    marked = batch.transform(mark_repeats(recent_identities(silver), HOUR, time="timestamp"))
+    got = {r["tag"]: r[REPEAT] for r in marked.collect()}
+    assert got == {
+        "a: first, by commit (earlier)": False,
+        "a: first, by offset": True,
+        "a: kafka retry": True,
+        "same uuid, other team: another event": False,
+        "b: first": False,
+        "b: beyond the horizon of the first: counted again": False,
+        "c: silver holds it": True,
+        "d: silver's copy is outside the horizon": False,
+    }
+    assert sorted(r["tag"] for r in first_copies(marked).collect()) == sorted(t for t, rep in got.items() if not rep)
+    assert REPEAT not in first_copies(marked).columns
+
+
+def test_copies_landed_together_keep_the_same_one_every_time(spark: SparkSession) -> None:
+    """Two lines of one file with the same identity tie on the landing order: their content decides."""
+    rows = [
+        (1, "a", T0, 1, "f.jsonl", None, None, "e", "d", '{"v": 2}', "second by content"),
+        (1, "a", T0, 1, "f.jsonl", None, None, "e", "d", '{"v": 1}', "first by content"),
+    ]
+    for order in (rows, rows[::-1]):
+        kept = spark.createDataFrame(order, COLUMNS).transform(mark_repeats(None, HOUR, time="timestamp"))
+        assert [r["tag"] for r in first_copies(kept).collect()] == ["first by content"]
+
+
+def test_without_silver_only_the_batch_is_consulted(spark: SparkSession) -> None:
+    batch = spark.createDataFrame(
+        [row(1, "a", timedelta(0), 1, "f", None, "one"), row(1, "a", timedelta(0), 2, "g", None, "two")], COLUMNS
+    )
+    kept = first_copies(batch.transform(mark_repeats(None, HOUR, time="timestamp")))
+    assert [r["tag"] for r in kept.collect()] == ["one"]
