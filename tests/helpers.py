@@ -32,6 +32,18 @@ from pipelines.tables import BRONZE_QUARANTINE, BRONZE_SAMPLES
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
+def once_per_identity(events: list[dict]) -> list[dict]:
+    """``events`` as an event sent twice is counted: the first of each (team_id, uuid). (The
+    shipped PostHog fixture holds six events twice, with the same content.)"""
+    seen: set[tuple] = set()
+    first = []
+    for e in events:
+        if (e["team_id"], e["uuid"]) not in seen:
+            seen.add((e["team_id"], e["uuid"]))
+            first.append(e)
+    return first
+
+
 def landing(spark: SparkSession, records: list[bytes], name: str = "/tmp/input.jsonl") -> DataFrame:
     """A landing DataFrame (bronze parser input) holding ``records`` as the records of one file."""
     n = len(records)

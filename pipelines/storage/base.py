@@ -232,7 +232,8 @@ class TableStore(ABC):
 
     def read_since(self, spec: TableSpec, column: str, since: datetime) -> DataFrame:
         """The current rows whose ``column`` is ``since`` or later, read from only the files whose
-        statistics say they may hold such rows (Delta's data skipping on delta-spark)."""
+        statistics say they may hold such rows (Delta's data skipping on delta-spark). The frame
+        stays at the version read: computed again after a later commit, it gives the same rows."""
         return self.read(spec).where(F.col(column) >= F.lit(since))
 
     @abstractmethod

@@ -27,7 +27,6 @@ from uuid import uuid4
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
 
 from pipelines.errors import CommitConflictError, EngineUnavailableError, StorageError
 from pipelines.spark import has_delta_classes
@@ -42,6 +41,7 @@ from pipelines.storage.base import (
     conform_df,
     predicate_sql,
 )
+from pipelines.storage.spark_sql import column_ddl, quote, sql_string
 
 TXN_APP_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
@@ -79,28 +79,6 @@ def _one_txn(txns: Sequence[AppTxn]) -> AppTxn | None:
             f"got {len(txns)} ({', '.join(t.app_id for t in txns)})"
         )
     return txns[0] if txns else None
-
-
-def quote(name: str) -> str:
-    """A SQL identifier part in backticks."""
-    return "`" + name.replace("`", "``") + "`"
-
-
-def column_ddl(schema: StructType) -> str:
-    """``schema`` as the column list of a CREATE TABLE (nullability and comments kept)."""
-    cols = []
-    for f in schema.fields:
-        col = f"{quote(f.name)} {f.dataType.simpleString()}"
-        if not f.nullable:
-            col += " NOT NULL"
-        if f.metadata.get("comment"):
-            col += f" COMMENT {sql_string(str(f.metadata['comment']))}"
-        cols.append(col)
-    return ", ".join(cols)
-
-
-def sql_string(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _is_conflict(exc: Exception) -> bool:
@@ -317,6 +295,11 @@ class DeltaSparkStore(TableStore):
         else:
             df = self.spark.table(self.ident(spec))
         return df.where(where) if where else df
+
+    def read_since(self, spec: TableSpec, column: str, since: datetime) -> DataFrame:
+        version = self._version(spec)
+        pinned = self.spark.sql(f"SELECT * FROM {self.ident(spec)} VERSION AS OF {version}")
+        return pinned.where(F.col(column) >= F.lit(since))
 
     def read_changes(self, spec: TableSpec, start_version: int, end_version: int | None = None) -> DataFrame:
         reader = (
