@@ -70,6 +70,12 @@ def positive(d: timedelta, name: str) -> timedelta:
     return d
 
 
+def non_negative(d: timedelta, name: str) -> timedelta:
+    if d < timedelta(0):
+        raise ValueError(f"{name} must not be negative")
+    return d
+
+
 class ConfigModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
 

@@ -41,7 +41,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from bronze.primitives import ConfigError, Duration, named, unique_names
+from bronze.primitives import ConfigError, Duration, named, non_negative, unique_names
 
 COUNTER_PARTIALS_SCHEMA = StructType(
     [
@@ -91,12 +91,7 @@ class Tier(_Model):
     below: int | None = Field(default=None, ge=1, description="applies while the total is below this")
     interval: Duration
 
-    @field_validator("interval")
-    @classmethod
-    def _interval(cls, v: timedelta) -> timedelta:
-        if v < timedelta(0):
-            raise ValueError("interval must not be negative")
-        return v
+    _check_interval = field_validator("interval")(lambda v: non_negative(v, "interval"))
 
 
 class Counter(_Model):

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 
-from bronze.primitives import ConfigModel, Duration, StrList, named, positive, unique_names
+from bronze.primitives import ConfigModel, Duration, StrList, named, non_negative, positive, unique_names
 from pipelines.errors import SettingsError
 from pipelines.sources.remote_write import MAX_TIMESTAMP_MS
 from pipelines.sources.remote_write import Limits as RemoteWriteLimits
@@ -105,12 +105,7 @@ class SilverSettings(_Section):
         description="an event whose (team_id, uuid) silver holds within this much event time is a repeat; 0: off",
     )
 
-    @field_validator("dedup_horizon")
-    @classmethod
-    def _horizon(cls, v: timedelta) -> timedelta:
-        if v < timedelta(0):
-            raise ValueError("dedup_horizon must not be negative (0 turns deduplication off)")
-        return v
+    _check_horizon = field_validator("dedup_horizon")(lambda v: non_negative(v, "dedup_horizon (0: off)"))
 
 
 class PageChangeSettings(_Section):
@@ -120,12 +115,7 @@ class PageChangeSettings(_Section):
 
     _check_window = field_validator("window")(lambda v: positive(v, "window"))
 
-    @field_validator("allowed_lateness")
-    @classmethod
-    def _lateness(cls, v: timedelta) -> timedelta:
-        if v < timedelta(0):
-            raise ValueError("allowed_lateness must not be negative")
-        return v
+    _check_lateness = field_validator("allowed_lateness")(lambda v: non_negative(v, "allowed_lateness"))
 
 
 class TeamSettings(_Section):
