@@ -12,12 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import functions as F
-
 from pipelines import fixtures, flows, jobs, synthetic
 from pipelines.demo_counters import counters_summary, prepare_counters
 from pipelines.demo_metrics import metrics_summary, prepare_metrics
-from pipelines.eventlog import PIPELINE_EVENTS
+from pipelines.eventlog import PIPELINE_EVENTS, totals
 from pipelines.runner import Context
 from pipelines.sinks import clickhouse
 from pipelines.tables import (
@@ -125,15 +123,7 @@ def summary(ctx: Context) -> dict[str, Any]:
     exports = store.read(PIPELINE_EVENTS).where("job = 'export.clickhouse' AND status = 'ok'").collect()
     corrections = int(sum((r["metrics"] or {}).get("late_corrections", 0) for r in exports))
     gated = int(exports[-1]["metrics"].get("gated", 0)) if exports else 0
-    # Repeats dropped by event identity, per silver flow (two rows).
-    repeats = {
-        r["job"]: int(r["n"] or 0)
-        for r in store.read(PIPELINE_EVENTS)
-        .where("job IN ('silver.events', 'silver.page_changes')")
-        .groupBy("job")
-        .agg(F.sum(F.col("metrics")["duplicates_dropped"]).alias("n"))
-        .collect()
-    }
+    repeats = totals(store, "duplicates_dropped")  # dropped by event identity, per silver flow
     events_in = rows[BRONZE_EVENTS.key]
     changes_in = rows[BRONZE_PAGE_CHANGES.key]
     changes_out = rows[SILVER_PAGE_CHANGES.key]

@@ -154,6 +154,24 @@ def recorded(store: TableStore, job: str, run_id: str) -> Iterator[RunRecord]:
             log.exception("could not write the event log row for %s", job)
 
 
+def totals(store: TableStore, metric: str) -> dict[str, int]:
+    """``metric`` summed over every run, per flow (a run split by bucket counts for its flow), for
+    the flows that recorded it: one row per flow, a figure, not rows."""
+    from pyspark.sql import functions as F
+
+    if store.version(PIPELINE_EVENTS) is None:
+        return {}
+    return {
+        r["flow"]: int(r["n"])
+        for r in store.read(PIPELINE_EVENTS)
+        .withColumn("flow", F.split("job", "#").getItem(0))
+        .groupBy("flow")
+        .agg(F.sum(F.col("metrics")[metric]).alias("n"))
+        .where("n IS NOT NULL")
+        .collect()
+    }
+
+
 def append_results(store: TableStore, run_id: str, job: str, results: Sequence[Mapping[str, Any]]) -> None:
     """Append expectation results (dicts with the result fields) under ``run_id``."""
     store.ensure(EXPECTATION_RESULTS)

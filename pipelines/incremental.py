@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from pipelines import quality
 from pipelines.eventlog import RunRecord
 from pipelines.layer_config import bucket_mapping
 from pipelines.runner import Context, Increment, after, app_id, check_split, pending, run_job, task_name
@@ -212,12 +213,24 @@ class FlowRecord:
         return cached
 
 
+def _configured(ctx: Context, flow: Flow) -> tuple[Callable[..., Any], Any, str | None]:
+    """A transform flow's code, the config it built from settings (once per run) and why it has
+    nothing to do under that config (None: it has work)."""
+    assert flow.transform is not None, f"{flow.name} has no transform"
+    config: Any = flow.config(ctx.settings) if flow.config is not None else None
+    return flow.transform, config, flow.skip(config) if flow.skip is not None else None
+
+
+def _gate(
+    ctx: Context, record: RunRecord, table: str, df: DataFrame, txn: AppTxn, params: Mapping[str, Any]
+) -> DataFrame:
+    """The rows of ``df`` that ``table``'s suite lets through (:func:`pipelines.quality.gate`)."""
+    return quality.gate(ctx, record, table, df, txn, **params)
+
+
 def run_incremental(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
     """One run of ``flow``: its source's new commits through its transform into its target."""
-    transform = flow.transform
-    assert transform is not None, f"{flow.name} has no transform"
-    config: Any = flow.config(ctx.settings) if flow.config is not None else None
-    skip = flow.skip(config) if flow.skip is not None else None
+    transform, config, skip = _configured(ctx, flow)
     (source,), target = flow.sources, flow.targets[0]
     buckets = options.buckets if flow.by_bucket else None
     handoff = options.handoff
@@ -250,9 +263,7 @@ def run_incremental(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
             )
             out = transform(batch, config, figures)
             if target.key in flow.gated:
-                from pipelines import quality
-
-                out = quality.gate(ctx, record, target.key, out, inc.txn, **figures.gate_params)
+                out = _gate(ctx, record, target.key, out, inc.txn, figures.gate_params)
             version = write(ctx, flow, out, inc.txn, buckets)
             if flow.figures is not None:
                 flow.figures(out, config, figures)
@@ -272,10 +283,7 @@ def run_whole(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
     """One run of a flow that reads all of its source each time (``reads="all"``: gold.counters
     finds the entities due for a flush among every partial). Its transform returns None when there
     is nothing to write (having said why, :meth:`FlowRecord.noop`); its commits are numbered runs."""
-    transform = flow.transform
-    assert transform is not None, f"{flow.name} has no transform"
-    config: Any = flow.config(ctx.settings) if flow.config is not None else None
-    skip = flow.skip(config) if flow.skip is not None else None
+    transform, config, skip = _configured(ctx, flow)
     (source,), target = flow.sources, flow.targets[0]
     app = app_id(flow.name, source)
 
@@ -294,9 +302,7 @@ def run_whole(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
             if out is None:
                 return
             if target.key in flow.gated:
-                from pipelines import quality
-
-                out = quality.gate(ctx, record, target.key, out, AppTxn(app, run), **figures.gate_params)
+                out = _gate(ctx, record, target.key, out, AppTxn(app, run), figures.gate_params)
             write(ctx, flow, out, AppTxn(app, run), None)
             if flow.figures is not None:
                 flow.figures(out, config, figures)
@@ -346,10 +352,9 @@ def publish_outbox(store: TableStore, state: TableSpec, out: TableSpec, app: str
 def run_stateful(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
     """One run of a flow with state: its source's new rows and its state -> the next state and
     the outbox published (see the module's docstring)."""
-    transform, rules = flow.transform, flow.state
-    assert transform is not None and rules is not None, f"{flow.name} is not a state flow"
-    config: Any = flow.config(ctx.settings) if flow.config is not None else None
-    skip = flow.skip(config) if flow.skip is not None else None
+    transform, config, skip = _configured(ctx, flow)
+    rules = flow.state
+    assert rules is not None, f"{flow.name} is not a state flow"
     (source,), (out, state_table) = flow.sources, flow.targets
     app = app_id(flow.name, source)
 
@@ -369,12 +374,7 @@ def run_stateful(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
         run = (ctx.store.txn_version(state_table, app) or 0) + 1
         txn = AppTxn(app, run)
 
-        def gate(table: str, df: DataFrame) -> DataFrame:
-            from pipelines import quality
-
-            return quality.gate(ctx, record, table, df, txn)
-
-        figures = FlowRecord(record, ctx.say, gate)
+        figures = FlowRecord(record, ctx.say, lambda table, df: _gate(ctx, record, table, df, txn, {}))
         try:
             state = figures.cache(ctx.store.read(state_table, where=rules.where))
             done = rules.done(state)

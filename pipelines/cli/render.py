@@ -110,7 +110,7 @@ def print_flows(ctx: Any | None) -> None:
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
-        from pipelines.eventlog import PIPELINE_EVENTS
+        from pipelines.eventlog import PIPELINE_EVENTS, totals
 
         newest = Window.partitionBy("base").orderBy(F.col("ended_at").desc())
         # One row per flow (a few dozen at most): small enough to collect.
@@ -122,16 +122,7 @@ def print_flows(ctx: Any | None) -> None:
             .collect()
         )
         last = {r["base"]: r for r in rows}
-        # Repeats dropped over every run, per flow (one row each): silver's dedup by event identity.
-        repeats = {
-            r["base"]: int(r["n"])
-            for r in ctx.store.read(PIPELINE_EVENTS)
-            .withColumn("base", F.split("job", "#").getItem(0))
-            .groupBy("base")
-            .agg(F.sum(F.col("metrics")["duplicates_dropped"]).alias("n"))
-            .where("n IS NOT NULL")
-            .collect()
-        }
+        repeats = totals(ctx.store, "duplicates_dropped")  # silver's dedup by event identity
     t = Table(title="Flows", title_justify="left")
     columns = ("last run", "status", "in", "out", "repeats dropped") if ctx else ()
     for col in ("flow", "stage", "reads", "writes", "mode", *columns):
