@@ -22,6 +22,7 @@ from bronze.primitives import micros
 from expectations.suites import CLICKHOUSE as CLICKHOUSE_TABLE
 from pipelines.errors import InputError
 from pipelines.jobs import counters, gold_checks, metrics
+from pipelines.jobs import export as export_jobs
 from pipelines.jobs import gold as gold_jobs
 from pipelines.jobs import silver as silver_jobs
 from pipelines.tables import (
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
     from pipelines.quality import Frames
     from pipelines.runner import Context
     from pipelines.settings import Settings
-    from pipelines.storage import TableSpec
+    from pipelines.storage import TableSpec, TableStore
 
 log = logging.getLogger("medallion")
 
@@ -84,10 +85,6 @@ class Flow:
     targets: tuple[TableSpec, ...]
     mode: Mode
     description: str
-    #: Runs it once, for the flows that are not a transform: the two ClickHouse exports, whose
-    #: exactly-once protocol (outbox, insert tokens, log) is their sink's. None with no transform:
-    #: started by ``medallion ingest`` / ``serve``, not by ``medallion run``.
-    run: Callable[[Context, RunOptions], RunRecord] | None = None
     #: Splits by team bucket (``--bucket``): one app id per bucket set.
     by_bucket: bool = False
     #: Where it reads from or writes to outside the lake (Kafka, files, HTTP, ClickHouse).
@@ -95,9 +92,11 @@ class Flow:
     external_target: str | None = None
     #: Tables whose quality suite gates this flow's writes.
     gated: tuple[str, ...] = field(default=())
-    #: An incremental flow's code (:mod:`pipelines.incremental`): new source rows -> target rows
-    #: (a :class:`Batch` -> a DataFrame; with ``state``, a :class:`StateBatch` -> a
-    #: :class:`StateStep`), given its typed config and its record; the runner does the rest.
+    #: The flow's code, given its typed config and its record; the runner does the rest. An
+    #: incremental flow's (:mod:`pipelines.incremental`) maps new source rows to target rows (a
+    #: :class:`Batch` -> a DataFrame; with ``state``, a :class:`StateBatch` -> a
+    #: :class:`StateStep`); an export's (:mod:`pipelines.exports`) sends an :class:`ExportRun`'s
+    #: rows to its sink. None: started by ``medallion ingest`` / ``serve``, not by ``medallion run``.
     transform: Callable[[Any, Any, FlowRecord], Any] | None = None
     #: How a ``merge`` flow MERGEs its transform's rows into its target (else they are appended).
     merge: MergeRules | None = None
@@ -117,19 +116,21 @@ class Flow:
     figures: Callable[[DataFrame, Any, FlowRecord], None] | None = None
     #: Table key -> how ``medallion validate`` reads it with the figures that tie it to its
     #: sources (a conservation check of what this flow writes).
-    checks: Mapping[str, Callable[[Context], Frames | None]] = field(default_factory=dict)
+    checks: Mapping[str, Callable[[TableStore, Settings], Frames | None]] = field(default_factory=dict)
     #: Parameters the suites of the gated tables take from settings.
     suite_params: Callable[[Settings], dict[str, Any]] | None = None
 
     @property
     def runnable(self) -> bool:
         """Run by ``medallion run`` (else started by ``medallion ingest`` or ``serve``)."""
-        return self.run is not None or self.transform is not None
+        return self.transform is not None
 
     def execute(self, ctx: Context, options: RunOptions) -> RunRecord:
         """One run of this flow."""
-        if self.run is not None:
-            return self.run(ctx, options)
+        if self.mode == "export":
+            from pipelines.exports import run_export
+
+            return run_export(ctx, self, options)
         if self.transform is not None:
             from pipelines.incremental import run_incremental, run_stateful, run_whole
 
@@ -137,18 +138,6 @@ class Flow:
                 return run_stateful(ctx, self, options)
             return (run_whole if self.reads == "all" else run_incremental)(ctx, self, options)
         raise InputError(f"{self.name} is started by medallion ingest or serve, not run")
-
-
-def _export_clickhouse(ctx: Context, o: RunOptions) -> RunRecord:
-    from pipelines.jobs.export import export_property_values
-
-    return export_property_values(ctx, drain=o.drain)
-
-
-def _export_counters(ctx: Context, o: RunOptions) -> RunRecord:
-    from pipelines.jobs.counters import export_counters
-
-    return export_counters(ctx)
 
 
 CLICKHOUSE = "ClickHouse"
@@ -257,7 +246,8 @@ FLOWS: tuple[Flow, ...] = (
         (GOLD_EXPORTED, EXPORT_OUTBOX, EXPORTS),
         "export",
         "closed windows' count changes -> ClickHouse property_values, exactly once",
-        run=_export_clickhouse,
+        transform=export_jobs.property_values,
+        config=export_jobs.export_config,
         external_target=CLICKHOUSE,
         gated=(CLICKHOUSE_TABLE,),
         checks={CLICKHOUSE_TABLE: gold_checks.clickhouse_frames},
@@ -331,7 +321,8 @@ FLOWS: tuple[Flow, ...] = (
         (COUNTER_EXPORTS,),
         "export",
         "counter changes -> ClickHouse counters, exactly once",
-        run=_export_counters,
+        transform=counters.to_clickhouse,
+        config=counters.clickhouse_settings,
         external_target=CLICKHOUSE,
     ),
 )
@@ -353,7 +344,7 @@ def flow(name: str) -> Flow:
     raise InputError(f"no flow {name!r}; flows: {', '.join(f.name for f in FLOWS)}")
 
 
-def checks_for(table: str) -> Callable[[Context], Frames | None] | None:
+def checks_for(table: str) -> Callable[[TableStore, Settings], Frames | None] | None:
     """How ``medallion validate`` reads ``table`` with its conservation figures, if a flow says."""
     for f in FLOWS:
         if table in f.checks:

@@ -202,10 +202,12 @@ class FlowRecord:
         self._cached.append(kept)
         return kept
 
-    def release(self) -> None:
-        for df in self._cached:
+    def release(self, *frames: DataFrame) -> None:
+        """Unpersist ``frames`` now (frames this record cached; all of them when none is named)."""
+        gone = list(frames) if frames else list(self._cached)
+        for df in gone:
             df.unpersist()
-        self._cached.clear()
+        self._cached = [df for df in self._cached if all(df is not g for g in gone)]
 
     def handed_over(self) -> list[DataFrame]:
         """The frames cached so far, now the :class:`Handoff`'s to release."""
@@ -213,7 +215,7 @@ class FlowRecord:
         return cached
 
 
-def _configured(ctx: Context, flow: Flow) -> tuple[Callable[..., Any], Any, str | None]:
+def configured(ctx: Context, flow: Flow) -> tuple[Callable[..., Any], Any, str | None]:
     """A transform flow's code, the config it built from settings (once per run) and why it has
     nothing to do under that config (None: it has work)."""
     assert flow.transform is not None, f"{flow.name} has no transform"
@@ -221,7 +223,7 @@ def _configured(ctx: Context, flow: Flow) -> tuple[Callable[..., Any], Any, str 
     return flow.transform, config, flow.skip(config) if flow.skip is not None else None
 
 
-def _gate(
+def gate_rows(
     ctx: Context, record: RunRecord, table: str, df: DataFrame, txn: AppTxn, params: Mapping[str, Any]
 ) -> DataFrame:
     """The rows of ``df`` that ``table``'s suite lets through (:func:`pipelines.quality.gate`)."""
@@ -230,7 +232,7 @@ def _gate(
 
 def run_incremental(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
     """One run of ``flow``: its source's new commits through its transform into its target."""
-    transform, config, skip = _configured(ctx, flow)
+    transform, config, skip = configured(ctx, flow)
     (source,), target = flow.sources, flow.targets[0]
     buckets = options.buckets if flow.by_bucket else None
     handoff = options.handoff
@@ -263,7 +265,7 @@ def run_incremental(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
             )
             out = transform(batch, config, figures)
             if target.key in flow.gated:
-                out = _gate(ctx, record, target.key, out, inc.txn, figures.gate_params)
+                out = gate_rows(ctx, record, target.key, out, inc.txn, figures.gate_params)
             version = write(ctx, flow, out, inc.txn, buckets)
             if flow.figures is not None:
                 flow.figures(out, config, figures)
@@ -283,7 +285,7 @@ def run_whole(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
     """One run of a flow that reads all of its source each time (``reads="all"``: gold.counters
     finds the entities due for a flush among every partial). Its transform returns None when there
     is nothing to write (having said why, :meth:`FlowRecord.noop`); its commits are numbered runs."""
-    transform, config, skip = _configured(ctx, flow)
+    transform, config, skip = configured(ctx, flow)
     (source,), target = flow.sources, flow.targets[0]
     app = app_id(flow.name, source)
 
@@ -302,10 +304,11 @@ def run_whole(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
             if out is None:
                 return
             if target.key in flow.gated:
-                out = _gate(ctx, record, target.key, out, AppTxn(app, run), figures.gate_params)
+                out = gate_rows(ctx, record, target.key, out, AppTxn(app, run), figures.gate_params)
             write(ctx, flow, out, AppTxn(app, run), None)
             if flow.figures is not None:
                 flow.figures(out, config, figures)
+            record.add(source_to=version)
         finally:
             figures.release()
 
@@ -352,7 +355,7 @@ def publish_outbox(store: TableStore, state: TableSpec, out: TableSpec, app: str
 def run_stateful(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
     """One run of a flow with state: its source's new rows and its state -> the next state and
     the outbox published (see the module's docstring)."""
-    transform, config, skip = _configured(ctx, flow)
+    transform, config, skip = configured(ctx, flow)
     rules = flow.state
     assert rules is not None, f"{flow.name} is not a state flow"
     (source,), (out, state_table) = flow.sources, flow.targets
@@ -374,7 +377,7 @@ def run_stateful(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
         run = (ctx.store.txn_version(state_table, app) or 0) + 1
         txn = AppTxn(app, run)
 
-        figures = FlowRecord(record, ctx.say, lambda table, df: _gate(ctx, record, table, df, txn, {}))
+        figures = FlowRecord(record, ctx.say, lambda table, df: gate_rows(ctx, record, table, df, txn, {}))
         try:
             state = figures.cache(ctx.store.read(state_table, where=rules.where))
             done = rules.done(state)
@@ -385,6 +388,8 @@ def run_stateful(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
             rows = inc.read(ctx.store) if inc else None
             step = transform(StateBatch(state, rows, inc.end if inc else done, run, options.drain), config, figures)
             ctx.store.overwrite(state_table, step.state, [txn])
+            if inc is not None:
+                record.add(source_from=inc.start, source_to=inc.end)
         finally:
             figures.release()
         published = publish()

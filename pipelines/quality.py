@@ -255,7 +255,7 @@ def _table_frames(ctx: Context, table: str) -> Frames | None:
 
     checks = flows.checks_for(table)
     if checks is not None:
-        return checks(ctx)
+        return checks(ctx.store, ctx.settings)
     spec = spec_of(table)
     if not ctx.store.exists(spec):
         return None

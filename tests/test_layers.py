@@ -65,3 +65,18 @@ def test_no_module_of_the_package_is_over_about_500_lines() -> None:
     modules = [p for top in (*LAYERS, EDGE) for p in (ROOT / top).rglob("*.py")]
     long = {str(p.relative_to(ROOT)): n for p in modules if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
     assert not long, f"split these modules (over {MAX_MODULE_LINES} lines): {long}"
+
+
+def test_no_flow_code_sees_a_context() -> None:
+    """The flows' code (pipelines/jobs/, beside the run-once entry points of its ``__init__``)
+    gets its batch, its typed config and its record: it never names ``Context``, the runner's."""
+    modules = [p for p in sorted((ROOT / EDGE / "jobs").glob("*.py")) if p.name != "__init__.py"]
+    assert modules
+    offending = []
+    for module in modules:
+        for node in ast.walk(ast.parse(module.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Name) and node.id == "Context":
+                offending.append(f"{module.relative_to(ROOT)}:{node.lineno}")
+            elif isinstance(node, ast.ImportFrom) and any(a.name == "Context" for a in node.names):
+                offending.append(f"{module.relative_to(ROOT)}:{node.lineno}")
+    assert not offending, "flow code that takes a Context:\n" + "\n".join(offending)

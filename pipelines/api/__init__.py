@@ -58,7 +58,7 @@ class Pipeline:
         once, as ``medallion ingest file``."""
         from pathlib import Path
 
-        from pipelines.jobs.bronze import ingest_files
+        from pipelines.ingest import ingest_files
 
         return ingest_files(self.context, kind, [Path(p) for p in paths])
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -22,10 +21,11 @@ from gold.counters import (
     flush_source,
     increments,
 )
-from pipelines.eventlog import RunRecord
+from pipelines.exports import ExportRun
 from pipelines.incremental import Batch, FlowRecord, MergeRules
 from pipelines.layer_config import counter_registry
-from pipelines.runner import Context, app_id, pending, run_job
+from pipelines.runner import app_id
+from pipelines.setting_sections import ClickHouseSettings
 from pipelines.settings import Settings
 from pipelines.sinks import clickhouse
 from pipelines.storage import AppTxn
@@ -34,6 +34,7 @@ from pipelines.tables import (
     GOLD_COUNTERS,
 )
 
+EXPORT_APP = app_id("export.counters", GOLD_COUNTERS)
 NO_REGISTRY = "no counter registry configured (counters.registry)"
 
 
@@ -66,20 +67,6 @@ def partials_figures(rows: DataFrame, config: CounterConfig, record: FlowRecord)
     record.rows(n, n_rows)
     record.add(increments=n, partial_rows=n_rows)
     record.say(f"gold/counter_partials: {n:,} increments -> {n_rows:,} partial rows")
-
-
-def gold_counter_partials(ctx: Context) -> RunRecord:
-    """Stage 1 once, as ``medallion run gold.counter_partials`` runs it."""
-    from pipelines.flows import RunOptions, flow
-
-    return flow("gold.counter_partials").execute(ctx, RunOptions())
-
-
-def gold_counters(ctx: Context, drain: bool = False) -> RunRecord:
-    """gold.counters once, as ``medallion run gold.counters`` runs it."""
-    from pipelines.flows import RunOptions, flow
-
-    return flow("gold.counters").execute(ctx, RunOptions(drain=drain))
 
 
 def flush(batch: Batch, config: CounterConfig, record: FlowRecord) -> DataFrame | None:
@@ -131,14 +118,7 @@ def milestones_figures(rows: DataFrame, config: CounterConfig, record: FlowRecor
     record.say(f"gold/counter_milestones: {n:,} threshold(s) crossed")
 
 
-def counter_milestones(ctx: Context) -> RunRecord:
-    """Milestones once, as ``medallion run gold.counter_milestones`` runs them."""
-    from pipelines.flows import RunOptions, flow
-
-    return flow("gold.counter_milestones").execute(ctx, RunOptions())
-
-
-def export_counters(ctx: Context) -> RunRecord:
+def to_clickhouse(run: ExportRun, ch: ClickHouseSettings, record: FlowRecord) -> None:
     """gold/counters -> ClickHouse ``counters``, one counters version per insert, exactly once.
 
     Each version's changed rows go in one insert with the token ``gold/counters:v<version>``, then
@@ -146,45 +126,36 @@ def export_counters(ctx: Context) -> RunRecord:
     the two resends the same rows with the same token, which ClickHouse drops; the table is a
     ReplacingMergeTree on (counter, entity) by version, so ``FINAL`` shows one row per entity.
     """
-    app = app_id("export.counters", GOLD_COUNTERS)
-    database = ctx.settings.clickhouse.database
-
-    def body(record: RunRecord) -> None:
-        for spec in (GOLD_COUNTERS, COUNTER_EXPORTS):
-            ctx.store.ensure(spec)
-        inc = pending(ctx.store, GOLD_COUNTERS, COUNTER_EXPORTS, app)
-        if inc is None:
-            record.noop("no new counter changes")
-            return
-        changes = exported_changes(ctx.store.read_changes(GOLD_COUNTERS, inc.start, inc.end))
-        sent = 0
-        versions: list[int] = []
-
-        def send(client: Any, rows: pa.Table) -> None:
-            nonlocal sent
+    tables = run.tables
+    inc = tables.pending(GOLD_COUNTERS, COUNTER_EXPORTS, EXPORT_APP)
+    if inc is None:
+        record.noop("no new counter changes")
+        return
+    changes = exported_changes(tables.read_changes(GOLD_COUNTERS, inc.start, inc.end))
+    sent, versions = 0, []
+    with clickhouse.connect(ch) as client, tables.stream(changes) as batches:
+        clickhouse.ensure_counters(client, ch.database)
+        # One insert per counters version (its token); the driver holds one version's rows.
+        for rows in by_version(batches):
             version = rows["version"][0].as_py()
-            clickhouse.insert(client, clickhouse.COUNTERS_TABLE, rows, f"medallion:gold/counters:v{version}", database)
+            token = f"medallion:gold/counters:v{version}"
+            clickhouse.insert(client, clickhouse.COUNTERS_TABLE, rows, token, ch.database)
             log_row = pa.Table.from_pylist(
                 [{"counters_version": version, "rows": rows.num_rows, "exported_at": datetime.now(UTC)}],
                 schema=COUNTER_EXPORTS.arrow_schema,
             )
-            ctx.store.append(COUNTER_EXPORTS, log_row, [AppTxn(app, version)])
+            tables.append(COUNTER_EXPORTS, log_row, [AppTxn(EXPORT_APP, version)])
             sent += rows.num_rows
             versions.append(version)
+    if not versions or versions[-1] < inc.end:
+        # Versions without row changes (table creation, optimize) are recorded as done too.
+        tables.append(COUNTER_EXPORTS, COUNTER_EXPORTS.arrow_schema.empty_table(), [inc.txn])
+    record.rows(sent, sent)
+    record.add(versions=len(versions), source_from=inc.start, source_to=inc.end)
+    record.say(
+        f"export: {sent:,} counter rows from {len(versions)} version(s) to ClickHouse {clickhouse.COUNTERS_TABLE}"
+    )
 
-        with clickhouse.connect(ctx.settings) as client, ctx.store.stream(changes) as batches:
-            clickhouse.ensure_counters(client, database)
-            # One insert per counters version (its token); the driver holds one version's rows.
-            for rows in by_version(batches):
-                send(client, rows)
-        if not versions or versions[-1] < inc.end:
-            # Versions without row changes (table creation, optimize) are recorded as done too.
-            empty = COUNTER_EXPORTS.arrow_schema.empty_table()
-            ctx.store.append(COUNTER_EXPORTS, empty, [inc.txn])
-        record.rows_in = record.rows_out = sent
-        record.add(versions=len(versions))
-        ctx.say(
-            f"export: {sent:,} counter rows from {len(versions)} version(s) to ClickHouse {clickhouse.COUNTERS_TABLE}"
-        )
 
-    return run_job(ctx, "export.counters", body)
+def clickhouse_settings(settings: Settings) -> ClickHouseSettings:
+    return settings.clickhouse

@@ -10,7 +10,7 @@ this module moves it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import pyarrow as pa
@@ -38,12 +38,13 @@ from gold.export import (
     with_last_seen,
 )
 from gold.property_values import WINDOW_START
-from pipelines import quality
-from pipelines.eventlog import RunRecord
-from pipelines.runner import Context, app_id, append_once, run_job
+from pipelines.exports import DeclaredTables, ExportRun
+from pipelines.incremental import FlowRecord
+from pipelines.runner import app_id
+from pipelines.setting_sections import ClickHouseSettings, GoldSettings
 from pipelines.settings import Settings
 from pipelines.sinks import clickhouse
-from pipelines.storage import AppTxn, TableStore
+from pipelines.storage import AppTxn
 from pipelines.tables import EXPORT_OUTBOX, EXPORTS, GOLD_EXPORTED, GOLD_PROPERTY_VALUES
 
 APP = app_id("export.clickhouse", GOLD_PROPERTY_VALUES)
@@ -52,56 +53,56 @@ APP = app_id("export.clickhouse", GOLD_PROPERTY_VALUES)
 FILES_APP = f"{APP}#files"
 
 
-@dataclass
+@dataclass(frozen=True)
+class ExportConfig:
+    """What the export is configured with: gold's windows and cut, and its ClickHouse."""
+
+    gold: GoldSettings
+    clickhouse: ClickHouseSettings
+
+
+def export_config(settings: Settings) -> ExportConfig:
+    return ExportConfig(settings.gold, settings.clickhouse)
+
+
+@dataclass(frozen=True)
 class Batch:
-    """The next batch to export: its outbox rows (a view of cached frames), their figures and the
-    gold version they were cut from."""
+    """The next batch to export: its outbox rows (a view of a frame the run cached), their
+    figures and the gold version they were cut from."""
 
     rows: DataFrame
     figures: BatchFigures
     gated: int
     dropped: int
     closed_before: datetime | None
-    cached: list[DataFrame] = field(default_factory=list)
-
-    def release(self) -> None:
-        for df in self.cached:
-            df.unpersist()
-        self.cached.clear()
+    gold_version: int
 
 
 @dataclass
 class PropertyValuesExport:
-    """One lake's export of gold/property_values to ClickHouse."""
+    """One run of the export of gold/property_values to ClickHouse."""
 
-    ctx: Context
-
-    @property
-    def store(self) -> TableStore:
-        return self.ctx.store
+    run: ExportRun
+    config: ExportConfig
+    record: FlowRecord
 
     @property
-    def settings(self) -> Settings:
-        return self.ctx.settings
+    def tables(self) -> DeclaredTables:
+        return self.run.tables
 
     def batches(self) -> tuple[int, int]:
         """(the newest batch in the outbox, the newest one recorded as exported)."""
-        out_seq = max(self.store.txn_version(EXPORT_OUTBOX, a) or 0 for a in (APP, FILES_APP))
-        return out_seq, self.store.txn_version(GOLD_EXPORTED, APP) or 0
+        out_seq = max(self.tables.txn_version(EXPORT_OUTBOX, a) or 0 for a in (APP, FILES_APP))
+        return out_seq, self.tables.txn_version(GOLD_EXPORTED, APP) or 0
 
-    def resend(self, seq: int, record: RunRecord) -> int:
+    def resend(self, seq: int) -> int:
         """Send outbox batch ``seq`` again, as it was first cut, and record it; returns rows sent."""
-        rows = self.store.read(EXPORT_OUTBOX, where=f"export_seq = {seq}").persist()
-        try:
-            in_files = self.store.txn_version(EXPORT_OUTBOX, FILES_APP) == seq  # else a batch from before
-            outbox_version = self.store.commit_of(EXPORT_OUTBOX, AppTxn(FILES_APP, seq)) if in_files else None
-            return self.deliver(seq, record, rows, batch_figures(rows), outbox_version)
-        finally:
-            rows.unpersist()
+        rows = self.record.cache(self.tables.read(EXPORT_OUTBOX, where=f"export_seq = {seq}"))
+        in_files = self.tables.txn_version(EXPORT_OUTBOX, FILES_APP) == seq  # else a batch from before
+        outbox_version = self.tables.commit_of(EXPORT_OUTBOX, AppTxn(FILES_APP, seq)) if in_files else None
+        return self.deliver(seq, rows, batch_figures(rows), outbox_version)
 
-    def deliver(
-        self, seq: int, record: RunRecord, rows: DataFrame, figures: BatchFigures, outbox_version: int | None
-    ) -> int:
+    def deliver(self, seq: int, rows: DataFrame, figures: BatchFigures, outbox_version: int | None) -> int:
         """Send batch ``seq`` (its outbox ``rows``) and record it as exported; returns rows sent.
 
         The rows go to ClickHouse straight from the files the outbox commit ``outbox_version``
@@ -127,26 +128,25 @@ class PropertyValuesExport:
             ],
             schema=EXPORTS.arrow_schema,
         )
-        append_once(self.store, EXPORTS, log_row, AppTxn(APP, seq))
-        record.incr(rows_exported=sent, late_corrections=figures.corrections, count_sum=figures.count_sum)
+        self.tables.append_once(EXPORTS, log_row, AppTxn(APP, seq))
+        self.record.incr(rows_exported=sent, late_corrections=figures.corrections, count_sum=figures.count_sum)
         return sent
 
     def send(self, seq: int, rows: DataFrame, outbox_version: int | None) -> int:
-        window = self.settings.gold.window
-        database = self.settings.clickhouse.database
+        window, ch = self.config.gold.window, self.config.clickhouse
         batches = (
-            self.store.stream(in_send_order(rows, window))
+            self.tables.stream(in_send_order(rows, window))
             if outbox_version is None
-            else self.store.stream_added(EXPORT_OUTBOX, outbox_version, EXPORT_COLUMNS)
+            else self.tables.stream_added(EXPORT_OUTBOX, outbox_version, EXPORT_COLUMNS)
         )
         sent = 0
-        with clickhouse.connect(self.settings) as client, batches as reader:
-            clickhouse.ensure_property_values(client, database, self.settings.clickhouse.ttl_days)
-            for i, data in enumerate(rechunk(reader, self.settings.clickhouse.insert_chunk_rows)):
+        with clickhouse.connect(ch) as client, batches as reader:
+            clickhouse.ensure_property_values(client, ch.database, ch.ttl_days)
+            for i, data in enumerate(rechunk(reader, ch.insert_chunk_rows)):
                 if outbox_version is not None:
                     data = with_last_seen(data, window)
                 token = _token(seq, i, "c" if outbox_version is None else "f")
-                clickhouse.insert(client, clickhouse.PROPERTY_VALUES_TABLE, data, token, database)
+                clickhouse.insert(client, clickhouse.PROPERTY_VALUES_TABLE, data, token, ch.database)
                 sent += data.num_rows
         return sent
 
@@ -158,9 +158,9 @@ class PropertyValuesExport:
         """
         if figures.rows > figures.corrections:
             first_time = exported_rows(rows.where(~F.col("correction")))
-            append_once(self.store, GOLD_EXPORTED, first_time, AppTxn(f"{APP}#new", seq))
+            self.tables.append_once(GOLD_EXPORTED, first_time, AppTxn(f"{APP}#new", seq))
         if figures.corrections:
-            self.store.merge(
+            self.tables.merge(
                 GOLD_EXPORTED,
                 exported_rows(rows.where(F.col("correction"))),
                 on=EXPORTED_ON,
@@ -168,43 +168,39 @@ class PropertyValuesExport:
                 txns=[AppTxn(APP, seq)],
             )
         else:  # nothing to correct: the commit records the batch alone
-            self.store.append(GOLD_EXPORTED, GOLD_EXPORTED.arrow_schema.empty_table(), [AppTxn(APP, seq)])
+            self.tables.append(GOLD_EXPORTED, GOLD_EXPORTED.arrow_schema.empty_table(), [AppTxn(APP, seq)])
 
-    def next_batch(self, record: RunRecord, seq: int, prev: ExportProgress | None, drain: bool) -> Batch | str:
+    def next_batch(self, seq: int, prev: ExportProgress | None) -> Batch | str:
         """Batch ``seq``: what gold holds for windows closed since batch ``seq - 1`` (``prev``),
         and corrections for late counts in windows closed before; or why there is none."""
-        g = self.settings.gold
-        version = self.store.version(GOLD_PROPERTY_VALUES)
-        cached: list[DataFrame] = []
+        g, cache = self.config.gold, self.record.cache
+        version = self.tables.version(GOLD_PROPERTY_VALUES)
+        assert version is not None  # the runner ensured it
         if prev is None:
             # The first export (or the first since the lake kept its progress): all of gold. Not
             # cached: the newest event time reads one column, the batch reads gold once.
-            gold = self.store.read(GOLD_PROPERTY_VALUES)
+            gold = self.tables.read(GOLD_PROPERTY_VALUES)
             newest = newest_event(gold, None)
-            exported = self.store.read(GOLD_EXPORTED)
+            exported = self.tables.read(GOLD_EXPORTED)
         else:
             # Only what changed: the windows closed since the last batch, and the tuples of
             # windows closed before it that gold's change feed shows late counts for.
-            changes = self.store.read_changes(GOLD_PROPERTY_VALUES, prev.gold_version + 1, version).persist()
-            cached.append(changes)
+            changes = cache(self.tables.read_changes(GOLD_PROPERTY_VALUES, prev.gold_version + 1, version))
             newest = newest_event(changes, prev.newest_event)
-            late = changes.transform(changed_keys(g.window, prev.closed_through)).persist()
-            cached.append(late)
+            late = cache(changes.transform(changed_keys(g.window, prev.closed_through)))
             # The late tuples' windows, to read only their part of gold and of what was exported:
             # a list of window starts, bounded by the time the late data spans, not by its rows.
             windows = [r[0] for r in late.select(WINDOW_START).distinct().collect()]
-            exported = self.store.read(GOLD_EXPORTED).where(F.col(WINDOW_START).isin(windows))
+            exported = self.tables.read(GOLD_EXPORTED).where(F.col(WINDOW_START).isin(windows))
         if newest is None:
-            for df in cached:
-                df.unpersist()
             return "gold is empty"
-        bounds = export_bounds(newest, g.window, g.grace, drain, prev)
+        bounds = export_bounds(newest, g.window, g.grace, self.run.drain, prev)
         if prev is None:
             cut = gold.transform(
                 export_batch(exported, g.window, bounds.closed_before, g.min_export_count, g.top_values_per_key)
             )
         else:
-            cut = self.store.read(GOLD_PROPERTY_VALUES).transform(
+            cut = self.tables.read(GOLD_PROPERTY_VALUES).transform(
                 incremental_batch(
                     late,
                     windows,
@@ -216,8 +212,7 @@ class PropertyValuesExport:
                     g.top_values_per_key,
                 )
             )
-        whole = cut.persist()
-        cached.append(whole)
+        whole = cache(cut)
         # Two figures over the batch in one pass.
         flags = whole.agg(
             F.coalesce(F.sum(F.col("_gated").cast("long")), F.lit(0)),
@@ -225,56 +220,46 @@ class PropertyValuesExport:
         ).first()
         gated, dropped = (int(flags[0]), int(flags[1])) if flags else (0, 0)
         sendable = whole.where("NOT _gated AND NOT _dropped").drop("_gated", "_dropped")
-        to_send = quality.gate(self.ctx, record, EXPORT_DATASET, sendable, AppTxn(APP, seq))
+        to_send = self.run.gate(EXPORT_DATASET, sendable, AppTxn(APP, seq))
         # A view of the cached batch, not cached again: its figures in one pass over the cache.
         rows = to_send.transform(outbox_rows(seq, version, newest, bounds.through))
-        # The batch's rows are all it needs from here on.
-        for df in cached[:-1]:
-            df.unpersist()
-        return Batch(rows, batch_figures(rows), gated, dropped, bounds.closed_before, [whole])
+        if prev is not None:  # the batch's rows are all it needs from here on
+            self.record.release(changes, late)
+        return Batch(rows, batch_figures(rows), gated, dropped, bounds.closed_before, version)
 
 
-def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:
+def property_values(run: ExportRun, config: ExportConfig, record: FlowRecord) -> None:
     """Closed windows of gold -> ClickHouse, exactly once, with corrections for late counts (see
     the module's docstring)."""
-    export = PropertyValuesExport(ctx)
-
-    def body(record: RunRecord) -> None:
-        for spec in (GOLD_PROPERTY_VALUES, GOLD_EXPORTED, EXPORT_OUTBOX, EXPORTS):
-            ctx.store.ensure(spec)
-        out_seq, done_seq = export.batches()
-        if out_seq > done_seq:
-            resent = export.resend(out_seq, record)
-            ctx.say(f"export: finished batch {out_seq} that a stopped run had left ({resent:,} rows)")
-        prev = None if out_seq == 0 else progress_of(ctx.store.read(EXPORT_OUTBOX, where=f"export_seq = {out_seq}"))
-        if prev is not None and prev.gold_version == ctx.store.version(GOLD_PROPERTY_VALUES) and not drain:
-            record.noop(f"gold has not changed since export batch {out_seq}")
-            return
-        seq = out_seq + 1
-        batch = export.next_batch(record, seq, prev, drain)
-        if isinstance(batch, str):
-            record.noop(batch)
-            return
-        try:
-            record.add(gated=batch.gated, top_values_dropped=batch.dropped)
-            if batch.closed_before is not None:
-                record.add(watermark_epoch_s=batch.closed_before.timestamp())
-            if batch.figures.rows == 0:
-                gated = f" ({batch.gated:,} gated)" if batch.gated else ""
-                record.noop("no closed window has counts to export" + gated)
-                return
-            outbox_version = ctx.store.append(EXPORT_OUTBOX, batch.rows, [AppTxn(FILES_APP, seq)])
-            sent = export.deliver(seq, record, batch.rows, batch.figures, outbox_version)
-        finally:
-            batch.release()
-        record.rows_in = record.rows_out = sent
-        ctx.say(
-            f"export: batch {seq}: {sent:,} rows to ClickHouse {clickhouse.PROPERTY_VALUES_TABLE} "
-            f"({int(record.metrics.get('late_corrections', 0)):,} corrections, {batch.gated:,} gated)"
-            + (" (drained)" if drain else "")
-        )
-
-    return run_job(ctx, "export.clickhouse", body)
+    export, tables = PropertyValuesExport(run, config, record), run.tables
+    out_seq, done_seq = export.batches()
+    if out_seq > done_seq:
+        resent = export.resend(out_seq)
+        record.say(f"export: finished batch {out_seq} that a stopped run had left ({resent:,} rows)")
+    prev = None if out_seq == 0 else progress_of(tables.read(EXPORT_OUTBOX, where=f"export_seq = {out_seq}"))
+    if prev is not None and prev.gold_version == tables.version(GOLD_PROPERTY_VALUES) and not run.drain:
+        record.noop(f"gold has not changed since export batch {out_seq}")
+        return
+    seq = out_seq + 1
+    batch = export.next_batch(seq, prev)
+    if isinstance(batch, str):
+        record.noop(batch)
+        return
+    record.add(gated=batch.gated, top_values_dropped=batch.dropped, source_to=batch.gold_version)
+    if batch.closed_before is not None:
+        record.add(watermark_epoch_s=batch.closed_before.timestamp())
+    if batch.figures.rows == 0:
+        gated = f" ({batch.gated:,} gated)" if batch.gated else ""
+        record.noop("no closed window has counts to export" + gated)
+        return
+    outbox_version = tables.append(EXPORT_OUTBOX, batch.rows, [AppTxn(FILES_APP, seq)])
+    sent = export.deliver(seq, batch.rows, batch.figures, outbox_version)
+    record.rows(sent, sent)
+    record.say(
+        f"export: batch {seq}: {sent:,} rows to ClickHouse {clickhouse.PROPERTY_VALUES_TABLE} "
+        f"({int(record.figure('late_corrections')):,} corrections, {batch.gated:,} gated)"
+        + (" (drained)" if run.drain else "")
+    )
 
 
 def _token(seq: int, chunk: int, order: str) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -20,10 +19,8 @@ from gold.property_values import (
     skip_counts,
     tuple_counts,
 )
-from pipelines.eventlog import RunRecord
 from pipelines.incremental import Batch, FlowRecord, MergeRules
 from pipelines.layer_config import fanout_rules, team_filter
-from pipelines.runner import Context
 from pipelines.settings import Settings
 
 
@@ -102,25 +99,3 @@ def merged_figures(out: DataFrame, config: GoldConfig, record: FlowRecord) -> No
 
 #: How stage 2 writes: each tuple's counts added to what gold holds, in the run's buckets only.
 GOLD_MERGE = MergeRules(merge_on, MERGE_UPDATE)
-
-
-def gold_partials(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
-    """gold.partials once, as ``medallion run gold.partials`` runs it."""
-    from pipelines.flows import RunOptions, flow
-
-    return flow("gold.partials").execute(ctx, RunOptions(buckets=buckets))
-
-
-def gold_merge(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
-    """gold.merge once, as ``medallion run gold.merge`` runs it."""
-    from pipelines.flows import RunOptions, flow
-
-    return flow("gold.merge").execute(ctx, RunOptions(buckets=buckets))
-
-
-def gold_property_values(ctx: Context, buckets: Sequence[int] | None = None) -> tuple[RunRecord, RunRecord]:
-    """Stage 1 then stage 2, with stage 2 merging stage 1's partials from memory."""
-    from pipelines.flows import flow, run_pass
-
-    first, second = run_pass(ctx, [flow("gold.partials"), flow("gold.merge")], buckets)
-    return first, second

@@ -12,8 +12,10 @@ from pyspark.sql import functions as F
 from gold.property_values import fan_out
 from pipelines.layer_config import fanout_rules
 from pipelines.quality import Frames
-from pipelines.runner import Context, app_id
+from pipelines.runner import app_id
+from pipelines.settings import Settings
 from pipelines.sinks import clickhouse
+from pipelines.storage import TableStore
 from pipelines.tables import GOLD_EXPORTED, GOLD_PARTIALS, GOLD_PROPERTY_VALUES, SILVER_EVENTS
 
 
@@ -22,14 +24,13 @@ def total_of(column: str) -> Column:
     return F.coalesce(F.sum(column), F.lit(0)).cast("long")
 
 
-def gold_frames(ctx: Context) -> Frames | None:
+def gold_frames(store: TableStore, settings: Settings) -> Frames | None:
     """Gold rows plus the figures that tie them to the partials and to the silver fan-out.
 
     The sums are taken at the versions the merge and stage-1 jobs recorded as processed, so a
     pipeline that is merely behind still conserves. Runs split by ``--bucket`` record per-bucket
     progress; the fan-out comparison is then skipped (and said so).
     """
-    store = ctx.store
     if not store.exists(GOLD_PROPERTY_VALUES):
         return None
     gold = store.read(GOLD_PROPERTY_VALUES)
@@ -46,24 +47,26 @@ def gold_frames(ctx: Context) -> Frames | None:
     note = None
     if fanned is not None and merged is not None and merged == store.version(GOLD_PARTIALS):
         events = store.read_inserted(SILVER_EVENTS, 0, fanned)
-        tuples = events.transform(fan_out(fanout_rules(ctx.settings))).where("skip_reason IS NULL").count()
+        tuples = events.transform(fan_out(fanout_rules(settings))).where("skip_reason IS NULL").count()
         figures["fanout_tuples"] = tuples
     else:
         note = "partials_equal_fanout skipped: gold runs per bucket or the merge is behind its partials"
-    frame = ctx.spark.createDataFrame([figures], "gold_count_sum long, partial_count_sum long, fanout_tuples long")
+    frame = gold.sparkSession.createDataFrame(
+        [figures], "gold_count_sum long, partial_count_sum long, fanout_tuples long"
+    )
     return gold, frame, {"with_fanout": "fanout_tuples" in figures}, note
 
 
-def clickhouse_frames(ctx: Context) -> Frames | None:
+def clickhouse_frames(store: TableStore, settings: Settings) -> Frames | None:
     """ClickHouse's rows (merged with FINAL) and the figures that tie them to the export state."""
-    if not ctx.store.exists(GOLD_EXPORTED):
+    if not store.exists(GOLD_EXPORTED):
         return None
-    with clickhouse.connect(ctx.settings) as client:
-        rows = clickhouse.read_property_values(client, ctx.settings.clickhouse.database)
-    df = ctx.store.to_spark(rows)
-    exported = ctx.store.read(GOLD_EXPORTED).where("exported_count > 0")
+    with clickhouse.connect(settings) as client:
+        rows = clickhouse.read_property_values(client, settings.clickhouse.database)
+    df = store.to_spark(rows)
+    exported = store.read(GOLD_EXPORTED).where("exported_count > 0")
     note = None
-    ttl = ctx.settings.clickhouse.ttl_days
+    ttl = settings.clickhouse.ttl_days
     if ttl:
         # Rows past the TTL leave ClickHouse whenever it merges, so both sides are held to the
         # windows none of whose rows can have expired yet (a day of margin).
@@ -74,7 +77,7 @@ def clickhouse_frames(ctx: Context) -> Frames | None:
     ex = exported.agg(total_of("exported_count"), F.count(F.lit(1))).first()
     ch = df.agg(total_of("count"), F.count(F.lit(1))).first()
     assert ex is not None and ch is not None
-    figures = ctx.spark.createDataFrame(
+    figures = df.sparkSession.createDataFrame(
         [(ch[0], ex[0], ch[1], ex[1])],
         "clickhouse_count_sum long, exported_count_sum long, clickhouse_rows long, exported_rows long",
     )

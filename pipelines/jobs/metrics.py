@@ -8,9 +8,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from gold.metric_windows import close_windows, closes_through, panes_after, raw_rows, window_rows
-from pipelines.eventlog import RunRecord
 from pipelines.incremental import Batch, FlowRecord, StateBatch, StateRules, StateStep
-from pipelines.runner import Context
 from pipelines.settings import Settings
 from pipelines.tables import GOLD_METRIC_WINDOWS, SILVER_METRIC_PANES
 from silver.config import AggregationSettings
@@ -27,13 +25,6 @@ from silver.metric_panes import (
     state_progress,
     state_samples,
 )
-
-
-def silver_metric_panes(ctx: Context, drain: bool = False) -> RunRecord:
-    """silver.metric_panes once, as ``medallion run silver.metric_panes`` runs it."""
-    from pipelines.flows import RunOptions, flow
-
-    return flow("silver.metric_panes").execute(ctx, RunOptions(drain=drain))
 
 
 def aggregations(settings: Settings) -> tuple[AggregationSettings, ...]:
@@ -112,13 +103,6 @@ def panes(batch: StateBatch, aggs: Sequence[AggregationSettings], record: FlowRe
         )
 
     return StateStep(next_state(rest, outs, progress_rows, batch.end), published)
-
-
-def gold_metric_windows(ctx: Context) -> RunRecord:
-    """gold.metric_windows once, as ``medallion run gold.metric_windows`` runs it."""
-    from pipelines.flows import RunOptions, flow
-
-    return flow("gold.metric_windows").execute(ctx, RunOptions())
 
 
 def windows(batch: Batch, aggs: Sequence[AggregationSettings], record: FlowRecord) -> DataFrame:

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from pipelines.eventlog import RunRecord
 from pipelines.incremental import Batch, FlowRecord, StateBatch, StateRules, StateStep
 from pipelines.layer_config import bucket_mapping
-from pipelines.runner import Context
 from pipelines.setting_sections import PageChangeSettings
 from pipelines.settings import Settings
 from pipelines.tables import SILVER_EVENTS, SILVER_PAGE_CHANGES
@@ -99,20 +97,6 @@ def events_figures(out: DataFrame, config: SilverConfig, record: FlowRecord) -> 
     repeats = int(record.figure("duplicates_dropped"))
     dropped = f", {repeats:,} repeat(s) dropped" if repeats else ""
     record.say(f"silver/events: {n_out:,} events in {len(per_bucket)} bucket(s){dropped}")
-
-
-def silver_events(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
-    """silver.events once, as ``medallion run silver.events`` runs it."""
-    from pipelines.flows import RunOptions, flow
-
-    return flow("silver.events").execute(ctx, RunOptions(buckets=buckets))
-
-
-def silver_page_changes(ctx: Context, drain: bool = False) -> RunRecord:
-    """silver.page_changes once, as ``medallion run silver.page_changes`` runs it."""
-    from pipelines.flows import RunOptions, flow
-
-    return flow("silver.page_changes").execute(ctx, RunOptions(drain=drain))
 
 
 def page_changes_done(state: DataFrame) -> int | None:

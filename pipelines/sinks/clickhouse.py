@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from pipelines.errors import MedallionError
+from pipelines.setting_sections import ClickHouseSettings
 from pipelines.settings import Settings, redact_url
 
 PROPERTY_VALUES_TABLE = "property_values"
@@ -68,11 +69,12 @@ class ClickHouseError(MedallionError):
 
 
 @contextmanager
-def connect(settings: Settings) -> Iterator[Any]:
-    """A clickhouse-connect client for ``settings.clickhouse``; closed when the block ends."""
+def connect(settings: Settings | ClickHouseSettings) -> Iterator[Any]:
+    """A clickhouse-connect client for ``settings.clickhouse`` (or those ClickHouse settings
+    themselves); closed when the block ends."""
     import clickhouse_connect
 
-    ch = settings.clickhouse
+    ch = settings.clickhouse if isinstance(settings, Settings) else settings
     dsn = ch.dsn or ""
     if dsn.startswith("chdb://") and importlib.util.find_spec("chdb") is None:
         raise ClickHouseError(

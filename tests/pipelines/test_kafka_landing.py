@@ -17,7 +17,7 @@ from pyspark.sql import SparkSession
 
 from pipelines.eventlog import RunRecord
 from pipelines.fixtures import posthog_events
-from pipelines.jobs.bronze import land_messages
+from pipelines.ingest import land_messages
 from pipelines.runner import Context
 from pipelines.settings import load_settings
 from pipelines.storage import open_store

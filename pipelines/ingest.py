@@ -1,4 +1,10 @@
-"""Bronze jobs: land files and Kafka messages as they came, each batch exactly once."""
+"""The ingest runner: land files and Kafka messages in bronze as they came, each batch exactly once.
+
+The ingest flows (``ingest.kafka``, ``ingest_file.<kind>``) start at the edge: a consumer group or
+files given on the command line. What each kind lands is its :class:`Kind`, bronze's parse and
+checks (Context-free, in bronze/); this module reads the source, gates the parsed rows and commits
+them with their offsets or file digests, as :mod:`pipelines.incremental` does for the other flows.
+"""
 
 from __future__ import annotations
 
