@@ -73,6 +73,32 @@ def mark_repeats(
     return transform
 
 
+def suspects(
+    rows: DataFrame, held: DataFrame | None, time: str = "timestamp", identity: Sequence[str] = IDENTITY
+) -> DataFrame:
+    """The identities of a batch that may repeat, with what silver holds of each: one row per
+    identity the batch holds more than once or silver holds at all (``held``: silver's rows near the
+    batch's event times, None: silver is not consulted), with silver's earliest and latest event
+    time of it (``_first``, ``_last``; null when silver holds none), as :func:`mark_repeats` takes
+    them for ``seen``.
+
+    As small as the repeats are (each repeat and what it repeats): the rows of every other identity
+    are not repeats and skip :func:`mark_repeats`, whose window would otherwise sort the whole
+    batch. One aggregation over the batch's and silver's identity columns. A row missing part of its
+    identity is never a suspect.
+    """
+    known = reduce(lambda a, b: a & b, [F.col(c).isNotNull() for c in identity])
+    ids = rows.where(known).select(*identity, F.lit(1).alias("_copies"), F.lit(None).cast("timestamp").alias("_held"))
+    if held is not None:
+        silver = held.where(known).select(*identity, F.lit(0).alias("_copies"), F.col("event_time").alias("_held"))
+        ids = ids.unionByName(silver)
+    grouped = ids.groupBy(*identity).agg(
+        F.sum("_copies").alias("_copies"), F.min("_held").alias("_first"), F.max("_held").alias("_last")
+    )
+    twice = (F.col("_copies") > 1) | ((F.col("_copies") > 0) & F.col("_first").isNotNull())
+    return grouped.where(twice).drop("_copies")
+
+
 def first_copies(rows: DataFrame) -> DataFrame:
     """Marked rows -> the rows that are not repeats, without the mark."""
     return rows.where(~F.col(REPEAT)).drop(REPEAT)

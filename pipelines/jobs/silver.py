@@ -15,7 +15,7 @@ from pipelines.setting_sections import PageChangeSettings
 from pipelines.settings import Settings
 from pipelines.tables import SILVER_EVENTS, SILVER_PAGE_CHANGES
 from silver.buckets import BucketMapping, assign_buckets, in_buckets
-from silver.dedup import REPEAT, first_copies, mark_repeats, recent_identities
+from silver.dedup import IDENTITY, REPEAT, first_copies, mark_repeats, recent_identities, suspects
 from silver.events import to_silver_events
 from silver.page_changes import (
     EVENT_COLUMNS,
@@ -53,27 +53,46 @@ def events(batch: Batch, config: SilverConfig, record: FlowRecord) -> DataFrame:
     """
     rows = batch.rows.transform(assign_buckets(config.mapping)).transform(in_buckets(batch.buckets))
     if config.horizon:
-        rows = first_copies(rows.transform(repeats_marked(batch, config.horizon, record)))
+        rows = rows.transform(without_repeats(batch, config.horizon, record))
     return rows.transform(to_silver_events(config.mapping))
 
 
-def repeats_marked(batch: Batch, horizon: timedelta, record: FlowRecord) -> Callable[[DataFrame], DataFrame]:
-    """Bucketed bronze rows -> the same rows marked where they repeat an event (``_repeat``), with
-    the figures: ``input_events`` and ``duplicates_dropped``."""
+#: Suspect identities up to this many are broadcast to the anti-join that lets every other row by.
+BROADCAST_SUSPECTS = 2_000_000
+
+
+def without_repeats(batch: Batch, horizon: timedelta, record: FlowRecord) -> Callable[[DataFrame], DataFrame]:
+    """Bucketed bronze rows -> the same rows without repeats of an event, with the figures
+    ``input_events`` and ``duplicates_dropped``.
+
+    Only the suspects (:func:`silver.dedup.suspects`: identities the batch or silver holds more
+    than once, found in one aggregation of identity columns) go through the window that finds the
+    first copy; they and their rows are cached, as few as the repeats. Every other row passes by an
+    anti-join with the suspects (broadcast up to :data:`BROADCAST_SUSPECTS`), so the gate, the
+    write and the figures each read the batch as they would without deduplication.
+    """
 
     def transform(rows: DataFrame) -> DataFrame:
-        # One row: the batch's earliest event time, to read silver only from the horizon before it.
-        earliest = rows.agg(F.min("timestamp")).first()
-        seen = None
-        if earliest is not None and earliest[0] is not None:
-            held = batch.read_since(SILVER_EVENTS, "event_time", earliest[0] - horizon)
-            seen = recent_identities(held.transform(in_buckets(batch.buckets)))
-        marked = rows.transform(mark_repeats(seen, horizon, time="timestamp"))
-        # One row of totals: the figures, not the rows.
-        totals = marked.agg(F.count(F.lit(1)), F.sum(F.col(REPEAT).cast("long"))).first()
-        n_in, n_repeats = (int(totals[0]), int(totals[1] or 0)) if totals else (0, 0)
-        record.add(input_events=n_in, duplicates_dropped=n_repeats)
-        return marked
+        # One row: the batch's size and earliest event time (silver is read from the horizon before it).
+        first = rows.agg(F.count(F.lit(1)), F.min("timestamp")).first()
+        n_in, earliest = (int(first[0]), first[1]) if first else (0, None)
+        record.add(input_events=n_in, duplicates_dropped=0)
+        held = None
+        if earliest is not None:
+            since = earliest - horizon
+            held = batch.read_since(SILVER_EVENTS, "event_time", since).transform(in_buckets(batch.buckets))
+        maybe = record.cache(suspects(rows, held))
+        n_suspects = maybe.count()  # materializes the cache
+        if not n_suspects:  # no identity held twice: nothing to drop
+            return rows
+        ids = maybe.select(*IDENTITY)
+        if n_suspects <= BROADCAST_SUSPECTS:
+            ids = F.broadcast(ids)
+        marked = record.cache(
+            rows.join(ids, list(IDENTITY), "left_semi").transform(mark_repeats(maybe, horizon, time="timestamp"))
+        )
+        record.add(duplicates_dropped=marked.where(F.col(REPEAT)).count())
+        return rows.join(ids, list(IDENTITY), "left_anti").unionByName(first_copies(marked))
 
     return transform
 

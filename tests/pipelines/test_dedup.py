@@ -188,7 +188,8 @@ def test_silver_is_read_only_in_the_files_the_horizon_covers(spark: SparkSession
 def test_kafka_messages_sent_twice_are_one_event(
     spark: SparkSession, engine: str, kafka_broker: KafkaBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A producer's retry: the same event in two messages, in one flush and across flushes."""
+    """A producer's retry: the same event in two messages, in one flush and across flushes, is one
+    event in silver, gold and ClickHouse (against the same events landed once from a file)."""
     topic, pages, group = unique_name("events"), unique_name("pages"), unique_name("group")
     kafka_broker.create_topic(topic, 2)
     kafka_broker.create_topic(pages, 1)
@@ -198,6 +199,8 @@ def test_kafka_messages_sent_twice_are_one_event(
     for k, v in settings_env(kafka_broker, lake, topic, pages, group).items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("MEDALLION_DELTA_ENGINE", engine)
+    monkeypatch.setenv("MEDALLION_GOLD__WINDOW", "30s")
+    monkeypatch.setenv("MEDALLION_GOLD__GRACE", "60s")
     ctx = Context(settings=load_settings(), spark=spark, store=open_store(load_settings(), spark))
     jobs.ingest_kafka(ctx, once=True, max_batch=100, max_wait=0.5)
     first = jobs.silver_events(ctx)
@@ -207,6 +210,14 @@ def test_kafka_messages_sent_twice_are_one_event(
     assert (first.rows_out, first.metrics["duplicates_dropped"]) == (10, 4)
     assert (second.rows_out, second.metrics["duplicates_dropped"]) == (2, 4)
     assert silver_uuids(ctx.store) == sorted(e["uuid"] for e in STREAM[:12])
+    downstream(ctx)
+
+    once = make_ctx(spark, tmp_path / "once", engine)
+    jobs.ingest_files(once, "events", [write(tmp_path / "once.jsonl", STREAM[:12])])
+    jobs.silver_events(once)
+    downstream(once)
+    assert gold_state(ctx) == gold_state(once)
+    assert clickhouse_state(ctx) == clickhouse_state(once)
 
 
 def test_page_changes_drop_an_exact_repeat_of_meta_id_and_count_it(

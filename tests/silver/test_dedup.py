@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 from pyspark.sql import SparkSession
 
-from silver.dedup import REPEAT, first_copies, mark_repeats, recent_identities
+from silver.dedup import REPEAT, first_copies, mark_repeats, recent_identities, suspects
 
 T0 = datetime(2024, 6, 1, tzinfo=UTC)
 HOUR = timedelta(hours=1)
@@ -68,3 +68,24 @@ def test_without_silver_only_the_batch_is_consulted(spark: SparkSession) -> None
     )
     kept = first_copies(batch.transform(mark_repeats(None, HOUR, time="timestamp")))
     assert [r["tag"] for r in kept.collect()] == ["one"]
+
+
+def test_suspects_are_the_identities_held_twice_in_the_batch_or_held_by_silver(spark: SparkSession) -> None:
+    batch = spark.createDataFrame(
+        [
+            row(1, "a", timedelta(0), 2, None, 7, "a twice in the batch"),
+            row(1, "a", timedelta(0), 2, None, 9, "a again"),
+            row(1, "b", timedelta(0), 1, "f.jsonl", None, "b once"),
+            row(1, "c", timedelta(0), 1, "f.jsonl", None, "c once, silver holds it"),
+            row(2, "c", timedelta(0), 1, "f.jsonl", None, "same uuid, other team, once"),
+            row(1, None, timedelta(0), 1, "f.jsonl", None, "no uuid"),
+            row(1, None, timedelta(0), 1, "f.jsonl", None, "no uuid again: never a suspect"),
+        ],
+        COLUMNS,
+    )
+    silver = spark.createDataFrame([(1, "c", T0 - HOUR), (1, "c", T0), (3, "z", T0)], SILVER)
+    got = {(r["team_id"], r["uuid"]): (r["_first"], r["_last"]) for r in suspects(batch, silver).collect()}
+    # Spark hands timestamps back as naive local times: the session and the tests run in UTC.
+    naive = T0.replace(tzinfo=None)
+    assert got == {(1, "a"): (None, None), (1, "c"): (naive - HOUR, naive)}
+    assert {(r["team_id"], r["uuid"]) for r in suspects(batch, None).collect()} == {(1, "a")}
