@@ -167,6 +167,32 @@ ALL_TABLES: tuple[TableSpec, ...] = (
 )
 BY_KEY = {t.key: t for t in ALL_TABLES}
 
+#: The column whose newest value says how fresh each table is: the time of the newest event (or
+#: window, or write) it holds. ``medallion report`` shows its age.
+TIME_COLUMNS: dict[str, str] = {
+    BRONZE_EVENTS.key: "timestamp",
+    BRONZE_PAGE_CHANGES.key: "event_time",
+    BRONZE_SAMPLES.key: "timestamp",
+    BRONZE_QUARANTINE.key: "ingest_time",
+    SILVER_EVENTS.key: "event_time",
+    SILVER_PAGE_CHANGES.key: "event_time",
+    SILVER_PAGE_CHANGE_STATE.key: "max_event_time",
+    SILVER_METRIC_PANES.key: "pane_end",
+    SILVER_METRIC_STATE.key: "max_seen",
+    GOLD_PARTIALS.key: "max_event_time",
+    GOLD_PROPERTY_VALUES.key: "max_event_time",
+    GOLD_EXPORTED.key: "window_start",
+    GOLD_METRIC_WINDOWS.key: "window_end",
+    GOLD_COUNTER_PARTIALS.key: "window_end",
+    GOLD_COUNTERS.key: "updated_at",
+    GOLD_COUNTER_MILESTONES.key: "crossed_at",
+    COUNTER_EXPORTS.key: "exported_at",
+    EXPORT_OUTBOX.key: "newest_event",
+    EXPORTS.key: "exported_at",
+    PIPELINE_EVENTS.key: "ended_at",
+    EXPECTATION_RESULTS.key: "validated_at",
+}
+
 
 def table(key: str) -> TableSpec:
     """The spec for ``layer/name`` (e.g. ``bronze/events``)."""

@@ -24,7 +24,7 @@ def test_every_relative_link_in_the_readme_and_docs_resolves() -> None:
     pages = [README, *sorted(DOCS.glob("*.md"))]
     assert len(pages) >= 11  # the README and a page per topic
     for page in pages:
-        for target in re.findall(r"\]\(([^)#:]+\.md)(?:#[^)]*)?\)", page.read_text()):
+        for target in re.findall(r"\]\(([^)#:]+\.(?:md|png))(?:#[^)]*)?\)", page.read_text()):
             assert (page.parent / target).resolve().is_file(), f"{page.name} links to {target}"
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipelines.flows import FLOWS, Flow
@@ -56,8 +57,6 @@ class Pipeline:
     def ingest(self, kind: str, paths: list[str]) -> RunRecord:
         """Land JSON-lines files of ``kind`` (``events`` or ``page_changes``) into bronze, each file
         once, as ``medallion ingest file``."""
-        from pathlib import Path
-
         from pipelines.ingest import ingest_files
 
         return ingest_files(self.context, kind, [Path(p) for p in paths])
@@ -78,6 +77,12 @@ class Pipeline:
         with recorded(self.context.store, "validate", self.context.run_id) as record:
             checked = quality.validate_tables(self.context, record, list(tables or []))
         return [r.as_row() for c in checked if c.validation for r in c.validation.results]
+
+    def report(self, out: str | Path) -> Path:
+        """Write the pipeline report (``medallion report --out``) under ``out``; its index.html."""
+        from pipelines.report import build_report
+
+        return build_report(self.context, Path(out))
 
     def status(self) -> list[dict[str, Any]]:
         """Every table's version, rows, files and last write."""

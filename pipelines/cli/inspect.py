@@ -1,10 +1,11 @@
-"""Commands that look at the lake: ``status``, ``flows``, ``validate``, ``maintain``, ``counters``,
-``query`` and ``settings``."""
+"""Commands that look at the lake: ``status``, ``flows``, ``report``, ``validate``, ``maintain``,
+``counters``, ``query`` and ``settings``."""
 
 from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from pathlib import Path
 
 import click
 from rich.table import Table
@@ -14,6 +15,7 @@ from pipelines.cli.base import (
     cli,
     console,
     num,
+    say_step,
 )
 from pipelines.cli.render import (
     cell,
@@ -82,15 +84,42 @@ def list_flows() -> None:
     print_flows(None)
 
 
+REPORT_DIR = click.Path(file_okay=False, dir_okay=True, writable=True, path_type=Path)
+
+
+@cli.command()
+@click.option("--out", "out_dir", type=REPORT_DIR, required=True, help="Folder to write the site to.")
+@click.option("--no-charts", is_flag=True, help="Leave out the PNG charts (no matplotlib needed).")
+@click.pass_obj
+def report(state: State, out_dir: Path, no_charts: bool) -> None:
+    """Write the pipeline report: a static site to open in a browser, from disk.
+
+    The flow graph with each table's rows, freshness and expectations and each flow's last run; a
+    page per table and per job run; and Great Expectations' Data Docs of the same validations.
+    """
+    from pipelines.report import build_report
+
+    ctx = state.context()
+    index = build_report(ctx, out_dir, charts=not no_charts)
+    say_step(f"report: {index.resolve().as_uri()}")
+
+
 @cli.command()
 @click.argument("tables", nargs=-1, metavar="[TABLE]...")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.option(
+    "--report",
+    "report_dir",
+    type=REPORT_DIR,
+    help="Also write the pipeline report there (as medallion report does), with these results.",
+)
 @click.pass_obj
-def validate(state: State, tables: tuple[str, ...], as_json: bool) -> None:
+def validate(state: State, tables: tuple[str, ...], as_json: bool, report_dir: Path | None) -> None:
     """Validate whole tables with their expectation suites (all of them when none is named).
 
     Cross-table figures are checked too (gold against partials and the silver fan-out,
-    ClickHouse against what was exported). Exits 1 when a `fail` expectation does not hold.
+    ClickHouse against what was exported). Exits 1 when a `fail` expectation does not hold;
+    ``--report`` writes the report first, whatever the outcome, so CI can keep it.
     """
     from expectations.suites import SUITES
 
@@ -113,6 +142,11 @@ def validate(state: State, tables: tuple[str, ...], as_json: bool) -> None:
             record.status = "failed"
             record.details = "; ".join(f"{r.dataset}:{r.expectation}" for r in failed)
     results = [r.as_row() for c in checked if c.validation for r in c.validation.results]
+    if report_dir is not None:
+        from pipelines.report import build_report
+
+        index = build_report(ctx, report_dir)
+        say_step(f"report: {index.resolve().as_uri()}")  # stderr: --json keeps stdout to itself
     if as_json:
         click.echo(json.dumps({"results": results, "notes": {c.table: c.note for c in checked if c.note}}, indent=2))
     else:

@@ -30,19 +30,30 @@ from pipelines.cli.render import (
 @click.option("--events", default=200_000, show_default=True, help="Synthetic product events to generate.")
 @click.option("--page-changes", default=60_000, show_default=True, help="Synthetic page changes (before duplicates).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option(
+    "--report",
+    "report_dir",
+    type=click.Path(file_okay=False, writable=True, path_type=Path),
+    help="Where to write the pipeline report [default: <lake root>/_report, or ./medallion-report for a remote lake].",
+)
 @click.pass_obj
-def demo(state: State, events: int, page_changes: int, as_json: bool) -> None:
-    """Run bronze -> silver -> gold -> ClickHouse on the shipped fixtures plus a synthetic stream.
+def demo(state: State, events: int, page_changes: int, as_json: bool, report_dir: Path | None) -> None:
+    """Run bronze -> silver -> gold -> ClickHouse on the shipped fixtures plus a synthetic stream,
+    then write the pipeline report (a site to open in a browser).
 
     Needs no services: Delta tables go under the lake root, ClickHouse is the embedded chdb.
     Running it again changes no table.
     """
     from pipelines.demo import DemoSize, run_demo
+    from pipelines.report import build_report
 
     if events < 0 or page_changes < 0:
         raise click.BadParameter("sizes must not be negative")
     ctx = state.context(validates=True)
     result = run_demo(ctx, DemoSize(events=events, page_changes=page_changes))
+    root = ctx.settings.lake_root
+    out = report_dir or (Path("medallion-report") if "://" in root else Path(root) / "_report")
+    result["report"] = build_report(ctx, out).resolve().as_uri()
     if as_json:
         console.print_json(json.dumps(result))
         return

@@ -98,6 +98,8 @@ def print_summary(result: dict[str, Any]) -> None:
     print_counters(result.get("counters"))
     console.print(f"Delta tables under [bold]{result['lake_root']}[/bold]; ClickHouse at {result['clickhouse']}")
     console.print('Query them with: medallion sql "SELECT * FROM gold_property_values LIMIT 10"')
+    if result.get("report"):
+        console.print(f"Report (open it in a browser): [bold]{result['report']}[/bold]")
 
 
 def print_flows(ctx: Any | None) -> None:

@@ -151,6 +151,8 @@ class TableStats:
     files: int
     last_write: datetime | None
     last_operation: str | None
+    #: The size of the current version's data files.
+    bytes: int = 0
 
 
 class TableStore(ABC):

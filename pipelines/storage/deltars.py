@@ -379,6 +379,7 @@ class DeltaRsStore(TableStore):
             actions_t.num_rows,
             ts,
             last[0].get("operation") if last else None,
+            sum(actions_t.column("size_bytes").to_pylist()) if "size_bytes" in actions_t.column_names else 0,
         )
 
     # -- maintenance -------------------------------------------------------------------------

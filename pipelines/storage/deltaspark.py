@@ -447,7 +447,7 @@ class DeltaSparkStore(TableStore):
         ts = last["timestamp"].replace(tzinfo=UTC) if last["timestamp"] else None
         # Files from DESCRIBE DETAIL, rows from COUNT(*), which Delta answers from the log's
         # numRecords statistics without scanning data (spark.databricks.delta.optimizeMetadataQuery).
-        detail = self.spark.sql(f"DESCRIBE DETAIL {self.ident(spec)}").select("numFiles").first()
+        detail = self.spark.sql(f"DESCRIBE DETAIL {self.ident(spec)}").select("numFiles", "sizeInBytes").first()
         counted = self.spark.sql(f"SELECT COUNT(*) AS n FROM {self.ident(spec)}").first()
         return TableStats(
             spec.key,
@@ -456,6 +456,7 @@ class DeltaSparkStore(TableStore):
             int(detail["numFiles"]) if detail and detail["numFiles"] is not None else 0,
             ts if isinstance(ts, datetime) else None,
             last["operation"],
+            int(detail["sizeInBytes"] or 0) if detail else 0,
         )
 
     def optimize(self, spec: TableSpec) -> dict[str, Any]:
