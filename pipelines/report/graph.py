@@ -13,7 +13,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 from pipelines.report.collect import FlowNode, Report, Table
 
-TABLE_W, TABLE_H = 236, 104
+TABLE_W, TABLE_H = 236, 118
 FLOW_W, FLOW_H = 236, 62
 OUTSIDE_W, OUTSIDE_H = 150, 40
 GAP_X, GAP_Y = 26, 46
@@ -114,7 +114,7 @@ def _text(x: float, y: float, text: str, cls: str) -> str:
     return f'<text x="{x:.0f}" y="{y:.0f}" class="{cls}">{escape(text)}</text>'
 
 
-def _table(n: Node, t: Table, now_s: float) -> str:
+def _table(n: Node, t: Table, now_s: float, behind: int | None) -> str:
     counts = t.outcomes
     attrs = {
         "class": f"node table-node outcome-{t.worst or 'none'}" + ("" if t.exists else " missing"),
@@ -128,11 +128,14 @@ def _table(n: Node, t: Table, now_s: float) -> str:
     ]
     if t.newest is not None:
         lines.append(_text(n.x + 10, n.y + 58, f"newest row {age(max(0.0, now_s - t.newest.timestamp()))} old", "line"))
+    if behind is not None:
+        lag = f"{behind} source version(s) behind" if behind else "up to date with its source"
+        lines.append(_text(n.x + 10, n.y + 76, lag, "line lag" if behind else "line dim"))
     if t.results:
         parts = [f"{counts.get(o, 0)} {o}" for o in ("passed", "warned", "dropped", "failed") if counts.get(o)]
-        lines.append(_text(n.x + 10, n.y + 78, "expectations: " + ", ".join(parts), "line quality"))
+        lines.append(_text(n.x + 10, n.y + 96, "expectations: " + ", ".join(parts), "line quality"))
     else:
-        lines.append(_text(n.x + 10, n.y + 78, "no expectation results", "line dim"))
+        lines.append(_text(n.x + 10, n.y + 96, "no expectation results", "line dim"))
     body = f'<rect x="{n.x:.0f}" y="{n.y:.0f}" width="{n.width}" height="{n.height}" rx="6"/>' + "".join(lines)
     return _group(attrs, body, t.page)
 
@@ -189,7 +192,9 @@ def svg(report: Report) -> str:
     drawn = []
     for n in nodes.values():
         if n.kind == "table":
-            drawn.append(_table(n, report.tables[n.id.partition(":")[2]], now_s))
+            t = report.tables[n.id.partition(":")[2]]
+            lags = [f.behind for f in report.flows if f.name in t.writers and f.behind is not None]
+            drawn.append(_table(n, t, now_s, max(lags) if lags else None))
         elif n.kind == "flow":
             drawn.append(_flow(n, flows[n.id]))
         else:
