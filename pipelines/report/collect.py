@@ -19,6 +19,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from pipelines import flows as registry
 from pipelines.eventlog import EXPECTATION_RESULTS, PIPELINE_EVENTS
@@ -181,13 +182,17 @@ def _commit(entry: dict[str, Any]) -> Commit:
     ts = entry.get("timestamp")
     if isinstance(ts, int | float):
         ts = datetime.fromtimestamp(ts / 1000, tz=UTC)
-    elif isinstance(ts, datetime) and ts.tzinfo is None:
-        ts = ts.replace(tzinfo=UTC)
+    elif isinstance(ts, datetime):
+        ts = _utc(ts)
     metrics = entry.get("operationMetrics") or {}
     added = next(
         (metrics[k] for k in ("numOutputRows", "num_added_rows", "numTargetRowsInserted") if k in metrics), None
     )
     return Commit(entry.get("version"), ts, entry.get("operation"), None if added is None else int(added))
+
+
+def _columns(schema: StructType) -> list[tuple[str, str, bool]]:
+    return [(f.name, f.dataType.simpleString(), f.nullable) for f in schema.fields]
 
 
 def _table(ctx: Context, spec: TableSpec) -> Table:
@@ -196,17 +201,15 @@ def _table(ctx: Context, spec: TableSpec) -> Table:
     t.readers = [f.name for f in registry.FLOWS if spec in f.sources]
     stats = ctx.store.stats(spec)
     if stats.version is None:
-        t.schema = [(f.name, f.dataType.simpleString(), f.nullable) for f in spec.schema.fields]
+        t.schema = _columns(spec.schema)
         return t
     t.exists, t.version, t.rows, t.files, t.bytes = True, stats.version, stats.rows, stats.files, stats.bytes
     t.last_write = stats.last_write
     df = ctx.store.read(spec)
-    t.schema = [(f.name, f.dataType.simpleString(), f.nullable) for f in df.schema.fields]
+    t.schema = _columns(df.schema)
     if t.time_column and t.time_column in df.columns and t.rows:
         newest = df.agg(F.max(t.time_column)).first()  # one value
-        t.newest = newest[0] if newest else None
-        if isinstance(t.newest, datetime) and t.newest.tzinfo is None:
-            t.newest = t.newest.replace(tzinfo=UTC)
+        t.newest = _utc(newest[0]) if newest else None
     t.history = [_commit(h) for h in ctx.store.history(spec, HISTORY)]
     return t
 
