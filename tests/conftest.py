@@ -15,8 +15,8 @@ from pipelines.spark import build_spark, has_delta_classes
 from pipelines.storage import TableStore, open_store
 
 # Real servers for integration tests: kafka_broker, node_exporter, prometheus_factory, vmagent_factory,
-# spark_cluster.
-pytest_plugins = ["tests.infra"]
+# spark_cluster; and the small demo lake that several modules read (demo_lake).
+pytest_plugins = ["tests.infra", "tests.demo_lake"]
 # Imported here too (for require_or_skip), so register it for assert rewriting before that import.
 pytest.register_assert_rewrite("tests.infra")
 from tests.infra import require_or_skip  # noqa: E402
@@ -30,6 +30,48 @@ NO_DELTA_JARS = (
     f"set {DELTA_JARS_ENV} to the comma-separated Delta jars, e.g. "
     f"{DELTA_JARS_ENV}=$(ls ../shared/delta-jars/*.jar | paste -sd, -)"
 )
+
+
+#: Workers for ``-n auto`` (pyproject's addopts); unset, one per core while memory allows.
+WORKERS_ENV = "MEDALLION_TEST_WORKERS"
+#: What one worker may hold at its peak: its own Spark session (a 2 GiB heap) and the JVMs a test
+#: starts beside it (a demo, a Connect server, a cluster's master, worker and executor).
+WORKER_MEMORY_GIB = 6
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: ``MEDALLION_TEST_WORKERS``, else one worker per core while memory allows.
+
+    Measured on 2 cores and 24 GiB: two workers (docs/testing.md).
+    """
+    if os.environ.get(WORKERS_ENV):
+        return max(0, int(os.environ[WORKERS_ENV]))
+    cores = len(os.sched_getaffinity(0))
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return max(1, min(cores, int(memory_gib // WORKER_MEMORY_GIB)))
+
+
+def _group(item: pytest.Item) -> str:
+    """The unit the scheduler hands to one worker: an ``xdist_group``, else the test alone."""
+    mark = item.get_closest_marker("xdist_group")
+    if mark is None:
+        return item.nodeid
+    return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Slow work first, never deselected: a group with a ``slow`` test goes ahead of the rest, the
+    longest declared first (``slow(seconds=N)``), so the last test to finish is a short one. A group's
+    tests stay together and in file order, so a module's fixtures are built once per worker."""
+    weight: dict[str, float] = {}
+    first: dict[str, int] = {}
+    for index, item in enumerate(items):
+        group = _group(item)
+        first.setdefault(group, index)
+        mark = item.get_closest_marker("slow")
+        if mark is not None:
+            weight[group] = weight.get(group, 0.0) + float(mark.kwargs.get("seconds", 60))
+    items.sort(key=lambda item: (-weight.get(_group(item), 0.0), first[_group(item)]))
 
 
 #: Set (e.g. to ``local[2]``), the test session is a Spark Connect session on that remote:

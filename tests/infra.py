@@ -20,11 +20,13 @@ helpers work around; see :class:`KafkaBroker`.
 
 from __future__ import annotations
 
+import fcntl
 import http.server
 import json
 import os
 import shutil
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.error
@@ -227,6 +229,7 @@ _APT_BINARIES = {
 _APT_UPDATE_TIMEOUT_S = 300
 _APT_INSTALL_TIMEOUT_S = 600
 _apt_lock = threading.Lock()
+_APT_LOCK_FILE = Path(tempfile.gettempdir()) / "medallion-tests-apt.lock"
 _apt_updated = False
 
 
@@ -267,7 +270,10 @@ def ensure_apt_packages(*packages: str) -> str | None:
     regardless.
     """
     global _apt_updated
-    with _apt_lock:
+    # Workers are processes: the file lock keeps two of them from running apt at once (the thread
+    # lock, two threads of one worker).
+    with _apt_lock, open(_APT_LOCK_FILE, "a") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
         missing = [p for p in packages if not _apt_package_present(p)]
         if not missing:
             return None

@@ -19,7 +19,20 @@ def run_child_suite(
     """Run ``suites`` in a child pytest with ``env`` added; assert it passed with nothing skipped
     (real parts required), and return its counts."""
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *args, *suites],
+        # ``-n 0``: the child runs its tests itself, no workers of its own beside the parent's.
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-n",
+            "0",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={report}",
+            *args,
+            *suites,
+        ],
         cwd=REPO,
         env={**os.environ, "MEDALLION_TEST_REQUIRE_REAL": "1", **env},
         capture_output=True,

