@@ -74,6 +74,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: (-weight.get(_group(item), 0.0), first[_group(item)]))
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """On a worker of ``--dist loadgroup``, every grouped test's id must carry its group, else the
+    scheduler splits a group across workers and its shared fixtures are built twice."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    split = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+    if split:
+        raise pytest.UsageError(
+            f"pytest-xdist did not group {len(split)} tests (e.g. {split[0]}): this pytest keeps node ids "
+            "where xdist's loadgroup cannot add the group; install the versions in .ci/constraints.txt"
+        )
+
+
 #: Set (e.g. to ``local[2]``), the test session is a Spark Connect session on that remote:
 #: ``tests/pipelines/test_connect.py`` runs the job suite this way in a child pytest.
 REMOTE_ENV = "MEDALLION_TEST_SPARK_REMOTE"

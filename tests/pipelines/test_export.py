@@ -80,6 +80,60 @@ def gold_state(ctx: Context) -> dict[tuple, int]:
 STREAM = [event(i, second=i * 3) for i in range(60)]  # 3 minutes of events, 6 windows of 30 s
 
 
+class CleanRuns:
+    """The clean run that crash cases compare against, run once per scenario and engine in this
+    process: the cases of one scenario share its input, so they share its clean result."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.states: dict[tuple[str, str], tuple[dict[tuple, int], int]] = {}
+
+    def state(
+        self, spark: SparkSession, engine: str, scenario: str, run: Callable[[Context, Path], None], **gold: Any
+    ) -> tuple[dict[tuple, int], int]:
+        """ClickHouse's state after ``run(ctx, folder)`` on a fresh lake (``folder`` for its input files)."""
+        key = (scenario, engine)
+        if key not in self.states:
+            folder = self.root / f"{scenario}-{engine}"
+            folder.mkdir(parents=True)
+            ctx = make_ctx(spark, folder / "lake", engine, **gold)
+            run(ctx, folder)
+            self.states[key] = clickhouse_state(ctx)
+        return self.states[key]
+
+
+@pytest.fixture(scope="session")
+def clean_runs(tmp_path_factory: pytest.TempPathFactory) -> CleanRuns:
+    return CleanRuns(tmp_path_factory.mktemp("clean-runs"))
+
+
+def two_pods(folder: Path) -> list[Path]:
+    """The stream split over two pods' files, in ``folder``."""
+    return [write(folder / f"pod-{p}.jsonl", STREAM[p::2]) for p in range(2)]
+
+
+def two_pods_run(ctx: Context, folder: Path) -> None:
+    pipeline(ctx, two_pods(folder))
+
+
+def two_pods_in_chunks_of_4(ctx: Context, folder: Path) -> None:
+    ctx.settings.clickhouse.insert_chunk_rows = 4
+    pipeline(ctx, two_pods(folder))
+
+
+def late_round_files(folder: Path) -> tuple[Path, Path]:
+    """Round 1 (every other event) and round 2 (the rest, late into the same windows), in ``folder``."""
+    return write(folder / "first.jsonl", STREAM[::2]), write(folder / "late.jsonl", STREAM[1::2])
+
+
+def late_round_run(ctx: Context, folder: Path) -> None:
+    first, late = late_round_files(folder)
+    pipeline(ctx, [first])
+    pipeline(ctx, [late])
+    log = ctx.store.read(PIPELINE_EVENTS).where("job = 'export.clickhouse' AND status = 'ok'")
+    assert [r["metrics"]["late_corrections"] for r in log.orderBy("started_at").collect()] == [0.0, 6.0]
+
+
 def test_only_closed_windows_are_exported_once_and_sums_equal_gold(spark: SparkSession, tmp_path: Path) -> None:
     ctx = make_ctx(spark, tmp_path / "lake")
     pipeline(ctx, [write(tmp_path / "a.jsonl", STREAM)], drain=False)
@@ -217,12 +271,16 @@ Patch = Callable[[pytest.MonkeyPatch, type[TableStore]], None]
     ],
 )
 def test_a_crash_then_a_rerun_leaves_clickhouse_as_a_clean_run(
-    spark: SparkSession, engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str, patch: Patch
+    spark: SparkSession,
+    engine: str,
+    clean_runs: CleanRuns,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    what: str,
+    patch: Patch,
 ) -> None:
-    files = [write(tmp_path / f"pod-{p}.jsonl", STREAM[p::2]) for p in range(2)]
-    clean = make_ctx(spark, tmp_path / "clean", engine)
-    pipeline(clean, files)
-    expected = clickhouse_state(clean)
+    files = two_pods(tmp_path)
+    expected = clean_runs.state(spark, engine, "two pods", two_pods_run)
 
     ctx = make_ctx(spark, tmp_path / "crashy", engine)
     patch(monkeypatch, type(ctx.store))
@@ -255,19 +313,20 @@ def test_a_crash_then_a_rerun_leaves_clickhouse_as_a_clean_run(
     ],
 )
 def test_a_crash_in_an_export_with_corrections_then_a_rerun_leaves_clickhouse_as_a_clean_run(
-    spark: SparkSession, engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str, patch: Patch
+    spark: SparkSession,
+    engine: str,
+    clean_runs: CleanRuns,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    what: str,
+    patch: Patch,
 ) -> None:
     # Round 1 exports every window (a drain) with Firefox and plan=free; round 2 brings late
     # events into the same windows: plan=free again (corrections of exported tuples) and Chrome
-    # (tuples of those windows exported for the first time).
-    first = write(tmp_path / "first.jsonl", STREAM[::2])
-    late = write(tmp_path / "late.jsonl", STREAM[1::2])
-    clean = make_ctx(spark, tmp_path / "clean", engine)
-    pipeline(clean, [first])
-    pipeline(clean, [late])
-    expected = clickhouse_state(clean)
-    log = clean.store.read(PIPELINE_EVENTS).where("job = 'export.clickhouse' AND status = 'ok'")
-    assert [r["metrics"]["late_corrections"] for r in log.orderBy("started_at").collect()] == [0.0, 6.0]
+    # (tuples of those windows exported for the first time). The clean run also checks that round
+    # 2 sent 6 corrections.
+    first, late = late_round_files(tmp_path)
+    expected = clean_runs.state(spark, engine, "late round", late_round_run)
 
     ctx = make_ctx(spark, tmp_path / "crashy", engine)
     pipeline(ctx, [first])
@@ -290,17 +349,18 @@ def test_a_crash_in_an_export_with_corrections_then_a_rerun_leaves_clickhouse_as
 
 @pytest.mark.parametrize("written_before_files", [False, True], ids=["file order", "a batch sorted by key"])
 def test_a_crash_part_way_through_the_chunks_then_a_rerun_sends_each_row_once(
-    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, written_before_files: bool
+    spark: SparkSession,
+    clean_runs: CleanRuns,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    written_before_files: bool,
 ) -> None:
     # Chunks of 4 rows: the crash comes after two chunks have reached ClickHouse, and the rerun
     # must cut the batch into the same chunks (ClickHouse drops those two by their tokens). A
     # batch in the outbox from before the export sent in file order (recorded under the plain
     # app id) is resent sorted by key, as it was first sent.
-    files = [write(tmp_path / f"pod-{p}.jsonl", STREAM[p::2]) for p in range(2)]
-    clean = make_ctx(spark, tmp_path / "clean")
-    clean.settings.clickhouse.insert_chunk_rows = 4
-    pipeline(clean, files)
-    expected = clickhouse_state(clean)
+    files = two_pods(tmp_path)
+    expected = clean_runs.state(spark, "delta-rs", "two pods, chunks of 4", two_pods_in_chunks_of_4)
 
     ctx = make_ctx(spark, tmp_path / "crashy")
     ctx.settings.clickhouse.insert_chunk_rows = 4

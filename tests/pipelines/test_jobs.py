@@ -132,8 +132,8 @@ def test_crash_before_the_commit_reprocesses_and_after_it_skips(
 
 
 def test_buckets_run_as_separate_tasks_and_together_cover_every_event(ctx: Context, tmp_path: Path) -> None:
-    for team in range(1, 13):
-        jobs.ingest_files(ctx, "events", [write_events(tmp_path / f"t{team}.jsonl", team, 5)])
+    # One landing of 12 teams' files: the split is the subject here, not one landing per file.
+    jobs.ingest_files(ctx, "events", [write_events(tmp_path / f"t{team}.jsonl", team, 5) for team in range(1, 13)])
     low = jobs.silver_events(ctx, [0, 1, 2, 3])
     high = jobs.silver_events(ctx, [4, 5, 6, 7])
     assert uuids(ctx.store, SILVER_EVENTS) == sorted(uuid(team, i) for team in range(1, 13) for i in range(5))
@@ -147,8 +147,8 @@ def test_buckets_run_as_separate_tasks_and_together_cover_every_event(ctx: Conte
 def test_a_run_over_buckets_overlapping_another_split_is_refused_not_counted_twice(
     ctx: Context, tmp_path: Path
 ) -> None:
-    for team in range(1, 13):
-        jobs.ingest_files(ctx, "events", [write_events(tmp_path / f"t{team}.jsonl", team, 5)])
+    # One landing of 12 teams' files: the split is the subject here, not one landing per file.
+    jobs.ingest_files(ctx, "events", [write_events(tmp_path / f"t{team}.jsonl", team, 5) for team in range(1, 13)])
     assert jobs.silver_events(ctx, [0, 1]).status == "ok"
     landed = uuids(ctx.store, SILVER_EVENTS)
     for overlapping in (None, [1], [1, 2]):
