@@ -94,7 +94,7 @@ class CleanRuns:
         """ClickHouse's state after ``run(ctx, folder)`` on a fresh lake (``folder`` for its input files)."""
         key = (scenario, engine)
         if key not in self.states:
-            folder = self.root / f"{scenario}-{engine}"
+            folder = self.root / f"{scenario}-{engine}".replace(" ", "-").replace(",", "")
             folder.mkdir(parents=True)
             ctx = make_ctx(spark, folder / "lake", engine, **gold)
             run(ctx, folder)
