@@ -37,18 +37,23 @@ WORKERS_ENV = "MEDALLION_TEST_WORKERS"
 #: What one worker may hold at its peak: its own Spark session (a 2 GiB heap) and the JVMs a test
 #: starts beside it (a demo, a Connect server, a cluster's master, worker and executor).
 WORKER_MEMORY_GIB = 6
+#: Cores one worker keeps busy: its Spark session runs ``local[2]``, and one test process alone
+#: kept both of 2 cores 65-90% busy (vmstat over tests/pipelines/test_jobs.py).
+CORES_PER_WORKER = 2
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: ``MEDALLION_TEST_WORKERS``, else one worker per core while memory allows.
+    """``-n auto``: ``MEDALLION_TEST_WORKERS``, else one worker per two cores while memory allows.
 
-    Measured on 2 cores and 24 GiB: two workers (docs/testing.md).
+    On 2 cores that is one: two workers there took longer than one, and timing-bound tests (kill -9
+    at random moments, a full remote-write queue catching up) fail under the doubled load
+    (docs/testing.md).
     """
     if os.environ.get(WORKERS_ENV):
         return max(0, int(os.environ[WORKERS_ENV]))
     cores = len(os.sched_getaffinity(0))
     memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return max(1, min(cores, int(memory_gib // WORKER_MEMORY_GIB)))
+    return max(1, min(cores // CORES_PER_WORKER, int(memory_gib // WORKER_MEMORY_GIB)))
 
 
 def _group(item: pytest.Item) -> str:
@@ -63,6 +68,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Slow work first, never deselected: a group with a ``slow`` test goes ahead of the rest, the
     longest declared first (``slow(seconds=N)``), so the last test to finish is a short one. A group's
     tests stay together and in file order, so a module's fixtures are built once per worker."""
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) < 2:
+        return  # one worker, or none: file order, and the last test to finish is the last one
     weight: dict[str, float] = {}
     first: dict[str, int] = {}
     for index, item in enumerate(items):

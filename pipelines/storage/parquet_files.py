@@ -320,7 +320,10 @@ def scan(spark: SparkSession, schema: StructType, base_uri: str, files: Sequence
     hive-style folders under ``base_uri``, columns in ``schema``'s order."""
     if not files:
         return spark.createDataFrame([], schema)
-    df = spark.read.schema(schema).option("basePath", base_uri).parquet(*files)
+    # delta-rs hands out URIs percent-encoded (a space as %20), while Hadoop's Path takes a path as
+    # written and would look for a folder named "a%20b": decoded, a lake under any folder name reads.
+    paths = [unquote(f) for f in files]
+    df = spark.read.schema(schema).option("basePath", base_uri).parquet(*paths)
     return df.select(*schema.fieldNames())
 
 

@@ -68,6 +68,19 @@ def test_append_and_read_round_trip(store: TableStore, spark: SparkSession) -> N
     assertDataFrameEqual(store.read(SPEC, where="part = 1"), rows(spark, [data[0], data[2]]))
 
 
+def test_a_lake_under_a_folder_with_a_space_reads_back_what_it_wrote(
+    store_for: Callable[[Path | str], TableStore], spark: SparkSession, tmp_path: Path
+) -> None:
+    store = store_for(tmp_path / "Application Support" / "lake")
+    store.ensure(SPEC)
+    data = [("a", 1, 10, T0), ("b", 2, 20, T0)]
+    store.append(SPEC, rows(spark, data))
+    assertDataFrameEqual(store.read(SPEC), rows(spark, data))
+    assertDataFrameEqual(
+        store.read_inserted(SPEC, 1).select("k", "n"), spark.createDataFrame([("a", 10), ("b", 20)], "k string, n long")
+    )
+
+
 def test_append_accepts_arrow_and_fills_missing_nullable_columns(store: TableStore, spark: SparkSession) -> None:
     store.ensure(SPEC)
     store.append(SPEC, pa.table({"k": ["x"], "part": [3]}))
