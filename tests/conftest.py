@@ -45,9 +45,8 @@ CORES_PER_WORKER = 2
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: ``MEDALLION_TEST_WORKERS``, else one worker per two cores while memory allows.
 
-    On 2 cores that is one: two workers there took longer than one, and timing-bound tests (kill -9
-    at random moments, a full remote-write queue catching up) fail under the doubled load
-    (docs/testing.md).
+    On 2 cores that is one: two workers there were no faster than one, and two tests that pass on
+    their own failed under the doubled load (docs/testing.md).
     """
     if os.environ.get(WORKERS_ENV):
         return max(0, int(os.environ[WORKERS_ENV]))
