@@ -136,5 +136,4 @@ def demo_lake(tmp_path_factory: pytest.TempPathFactory) -> DemoLake:
     lake = tmp_path_factory.mktemp("demo") / "lakehouse"
     first = medallion(lake, *SMALL_DEMO)
     assert first.returncode == 0, first.stderr
-    (lake.parent / "first.json").write_text(first.stdout)  # what the demo printed, beside its lake
     return DemoLake(lake, first.stdout)

@@ -39,7 +39,7 @@ TABLES = (
 
 @pytest.fixture
 def lake(demo_lake: DemoLake) -> Path:
-    """The shared small demo lake; ``first.json`` beside it holds what the demo printed."""
+    """The shared small demo lake (what the demo printed is ``demo_lake.summary``)."""
     return demo_lake.path
 
 
@@ -88,8 +88,8 @@ def test_demo_deduplicates_the_fixture_page_as_in_the_worked_example(lake: Path)
     assert sum(table(lake, "silver/page_changes")["merged_count"].to_pylist()) + repeats == bronze
 
 
-def test_demo_exports_gold_counts_to_clickhouse(lake: Path) -> None:
-    summary = json.loads((lake.parent / "first.json").read_text())
+def test_demo_exports_gold_counts_to_clickhouse(lake: Path, demo_lake: DemoLake) -> None:
+    summary = demo_lake.summary
     gold = table(lake, "gold/property_values")
     assert summary["clickhouse_rows"] > 0
     assert summary["clickhouse_count_sum"] == summary["gold_count_sum"] == pc.sum(gold["count"]).as_py()
@@ -98,8 +98,10 @@ def test_demo_exports_gold_counts_to_clickhouse(lake: Path) -> None:
     assert summary["tables"]["gold/property_value_partials"] > gold.num_rows
 
 
-def test_demo_precomputes_metric_windows_and_query_answers_from_them(spark: SparkSession, lake: Path) -> None:
-    metrics = json.loads((lake.parent / "first.json").read_text())["metrics"]
+def test_demo_precomputes_metric_windows_and_query_answers_from_them(
+    spark: SparkSession, lake: Path, demo_lake: DemoLake
+) -> None:
+    metrics = demo_lake.summary["metrics"]
     assert metrics["samples"] > 10_000 and 0 < metrics["panes"] < metrics["samples"]
     rates = metrics["cpu_rate_by_mode"]
     # 4 hosts x 2 cpus: 70% idle, 20% user, 8% system of 8 CPU seconds per second (iowait excluded).
@@ -117,8 +119,10 @@ def test_demo_precomputes_metric_windows_and_query_answers_from_them(spark: Spar
     assert missing.returncode != 0 and "no aggregation named 'nope'" in missing.stderr
 
 
-def test_demo_counts_page_views_and_autocaptures_with_milestones(spark: SparkSession, lake: Path) -> None:
-    counters = json.loads((lake.parent / "first.json").read_text())["counters"]
+def test_demo_counts_page_views_and_autocaptures_with_milestones(
+    spark: SparkSession, lake: Path, demo_lake: DemoLake
+) -> None:
+    counters = demo_lake.summary["counters"]
     views = once_per_identity(table(lake, "bronze/events").to_pylist())
     want: dict[str, int] = {}
     for e in views:
@@ -152,13 +156,13 @@ def test_demo_counts_page_views_and_autocaptures_with_milestones(spark: SparkSes
     assert bad.returncode == 2 and "no counter named 'nope'" in bad.stderr
 
 
-def test_second_demo_run_changes_no_table(lake: Path) -> None:
+def test_second_demo_run_changes_no_table(lake: Path, demo_lake: DemoLake) -> None:
     before = {key: table(lake, key).num_rows for key in TABLES if not key.startswith("_meta")}
     second = medallion(lake, *SMALL_DEMO)
     assert second.returncode == 0, second.stderr
     after = {key: table(lake, key).num_rows for key in TABLES if not key.startswith("_meta")}
     assert after == before
-    assert json.loads(second.stdout) == json.loads((lake.parent / "first.json").read_text())
+    assert json.loads(second.stdout) == demo_lake.summary
 
 
 def figures(summary_json: str, lake: Path) -> Any:
@@ -199,13 +203,13 @@ CONNECT_AND_NAMES = {
 @pytest.mark.slow(seconds=240)
 @pytest.mark.parametrize("mode", [CONNECT_AND_NAMES], ids=["spark connect, by name"])
 def test_demo_on_delta_spark_gives_the_same_figures_as_on_delta_rs(
-    lake: Path, delta_jars: str, tmp_path: Path, mode: dict[str, str]
+    lake: Path, delta_jars: str, tmp_path: Path, mode: dict[str, str], demo_lake: DemoLake
 ) -> None:
     spark_lake = tmp_path / "lakehouse"
     engine = {"MEDALLION_DELTA_ENGINE": "delta-spark", "MEDALLION_DELTA_JARS": delta_jars, **mode}
     out = medallion(spark_lake, *SMALL_DEMO, settings_env=engine)
     assert out.returncode == 0, out.stderr
-    on_spark, on_rs = figures(out.stdout, spark_lake), figures((lake.parent / "first.json").read_text(), lake)
+    on_spark, on_rs = figures(out.stdout, spark_lake), figures(demo_lake.summary_json, lake)
     # KLL sketches compact with a random coin (DataSketches), so two runs agree on quantiles within
     # the sketch's rank error, not to the digit, whichever engine: every other figure is exact.
     q_spark, q_rs = kll_quantiles(on_spark), kll_quantiles(on_rs)
@@ -226,7 +230,7 @@ def test_demo_on_delta_spark_gives_the_same_figures_as_on_delta_rs(
 @pytest.mark.slow(seconds=300)
 @pytest.mark.integration
 def test_demo_on_a_standalone_spark_cluster_gives_the_same_figures_as_locally(
-    lake: Path, delta_jars: str, spark_cluster: SparkMaster, tmp_path: Path
+    lake: Path, delta_jars: str, spark_cluster: SparkMaster, tmp_path: Path, demo_lake: DemoLake
 ) -> None:
     """bronze -> silver -> gold -> export (and metrics, counters) on a real multi-process cluster:
     a master and a worker JVM started with spark-class, executors in the worker's own processes,
@@ -244,7 +248,7 @@ def test_demo_on_a_standalone_spark_cluster_gives_the_same_figures_as_locally(
     }
     out = medallion(cluster_lake, *SMALL_DEMO, settings_env=env)
     assert out.returncode == 0, out.stderr[-4000:]
-    on_cluster, local = figures(out.stdout, cluster_lake), figures((lake.parent / "first.json").read_text(), lake)
+    on_cluster, local = figures(out.stdout, cluster_lake), figures(demo_lake.summary_json, lake)
     q_cluster, q_local = kll_quantiles(on_cluster), kll_quantiles(local)
     assert on_cluster == local
     assert_quantiles_close(q_cluster, q_local)
@@ -257,8 +261,8 @@ def test_demo_on_a_standalone_spark_cluster_gives_the_same_figures_as_locally(
     assert "Delta-Lake/" in last.get("engineInfo", ""), last
 
 
-def test_the_demo_prints_where_its_report_is(lake: Path) -> None:
-    summary = json.loads((lake.parent / "first.json").read_text())
+def test_the_demo_prints_where_its_report_is(lake: Path, demo_lake: DemoLake) -> None:
+    summary = demo_lake.summary
     index = lake / "_report" / "index.html"
     assert summary["report"] == index.resolve().as_uri()
     assert index.exists()

@@ -89,14 +89,14 @@ class CleanRuns:
         self.states: dict[tuple[str, str], tuple[dict[tuple, int], int]] = {}
 
     def state(
-        self, spark: SparkSession, engine: str, scenario: str, run: Callable[[Context, Path], None], **gold: Any
+        self, spark: SparkSession, engine: str, scenario: str, run: Callable[[Context, Path], None]
     ) -> tuple[dict[tuple, int], int]:
         """ClickHouse's state after ``run(ctx, folder)`` on a fresh lake (``folder`` for its input files)."""
         key = (scenario, engine)
         if key not in self.states:
-            folder = self.root / f"{scenario}-{engine}".replace(" ", "-").replace(",", "")
+            folder = self.root / f"{scenario}-{engine}"
             folder.mkdir(parents=True)
-            ctx = make_ctx(spark, folder / "lake", engine, **gold)
+            ctx = make_ctx(spark, folder / "lake", engine)
             run(ctx, folder)
             self.states[key] = clickhouse_state(ctx)
         return self.states[key]
@@ -280,7 +280,7 @@ def test_a_crash_then_a_rerun_leaves_clickhouse_as_a_clean_run(
     patch: Patch,
 ) -> None:
     files = two_pods(tmp_path)
-    expected = clean_runs.state(spark, engine, "two pods", two_pods_run)
+    expected = clean_runs.state(spark, engine, "two-pods", two_pods_run)
 
     ctx = make_ctx(spark, tmp_path / "crashy", engine)
     patch(monkeypatch, type(ctx.store))
@@ -326,7 +326,7 @@ def test_a_crash_in_an_export_with_corrections_then_a_rerun_leaves_clickhouse_as
     # (tuples of those windows exported for the first time). The clean run also checks that round
     # 2 sent 6 corrections.
     first, late = late_round_files(tmp_path)
-    expected = clean_runs.state(spark, engine, "late round", late_round_run)
+    expected = clean_runs.state(spark, engine, "late-round", late_round_run)
 
     ctx = make_ctx(spark, tmp_path / "crashy", engine)
     pipeline(ctx, [first])
@@ -360,7 +360,7 @@ def test_a_crash_part_way_through_the_chunks_then_a_rerun_sends_each_row_once(
     # batch in the outbox from before the export sent in file order (recorded under the plain
     # app id) is resent sorted by key, as it was first sent.
     files = two_pods(tmp_path)
-    expected = clean_runs.state(spark, "delta-rs", "two pods, chunks of 4", two_pods_in_chunks_of_4)
+    expected = clean_runs.state(spark, "delta-rs", "two-pods-in-chunks-of-4", two_pods_in_chunks_of_4)
 
     ctx = make_ctx(spark, tmp_path / "crashy")
     ctx.settings.clickhouse.insert_chunk_rows = 4
