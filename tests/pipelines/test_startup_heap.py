@@ -1,11 +1,12 @@
-"""startup_heap_frozen: what is alive on entry is out of the collector's walks, until the exit."""
+"""startup_heap_frozen and garbage_collected_after: what is alive on entry is out of the collector's
+walks, until the exit."""
 
 from __future__ import annotations
 
 import gc
 import weakref
 
-from pipelines.runner import startup_heap_frozen
+from pipelines.runner import garbage_collected_after, startup_heap_frozen
 
 
 class Node:
@@ -46,3 +47,31 @@ def test_a_heap_the_caller_froze_stays_frozen() -> None:
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+
+
+def test_a_job_s_cyclic_garbage_is_collected_when_it_ends_and_the_heap_before_it_is_left() -> None:
+    assert gc.get_freeze_count() == 0
+    before = Node()
+    before_gone = weakref.ref(before)
+    with garbage_collected_after():
+        assert not tracked(before)  # the job's collections do not walk it
+        made = Node()
+        made_gone = weakref.ref(made)
+        del made, before
+    assert made_gone() is None  # collected as the job ended, with no collection of the caller's
+    assert gc.get_freeze_count() == 0  # and the heap is whole again
+    assert before_gone() is not None  # garbage from before the job waits for a full collection
+    gc.collect()
+    assert before_gone() is None
+
+
+def test_a_job_in_a_heap_the_caller_froze_leaves_it_frozen() -> None:
+    kept = Node()
+    with startup_heap_frozen():
+        with garbage_collected_after():
+            made = Node()
+            made_gone = weakref.ref(made)
+            del made
+        assert made_gone() is None
+        assert gc.get_freeze_count() > 0
+        assert not tracked(kept)  # still frozen: the job did not thaw the caller's heap
