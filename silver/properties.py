@@ -17,9 +17,11 @@ property as ``props['$browser'].text``. The raw ``properties`` text is kept besi
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Callable
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import MapType, StringType, StructField, StructType
 
@@ -186,14 +188,31 @@ def parse_documents(
             F.try_parse_json(F.col(properties)).alias(_PARSED),
             F.try_parse_json(F.col(person_properties)).alias(_PERSON),
         )
-        props = F.col(_PARSED)
-        return parsed.select(
-            *df.columns,
-            document(props).alias(PROPS),
-            document(F.col(_PERSON)).alias(PERSON_PROPS),
-            document(F.try_variant_get(props, "$['$set']", "variant")).alias(SET_PROPS),
-            document(F.try_variant_get(props, "$['$set_once']", "variant")).alias(SET_ONCE_PROPS),
-            document(F.try_variant_get(props, "$['$group_set']", "variant")).alias(GROUP_SET_PROPS),
-        )
+        return parsed.select(*df.columns, *_documents(df.sparkSession))
 
     return transform
+
+
+#: The document columns, built once per session (see :func:`_documents`).
+_BUILT: weakref.WeakKeyDictionary[SparkSession, tuple[Column, ...]] = weakref.WeakKeyDictionary()
+_BUILT_LOCK = threading.Lock()
+
+
+def _documents(spark: SparkSession) -> tuple[Column, ...]:
+    """The five document columns over the parsed variants.
+
+    Built once per session and reused: they are expressions of column names only, and building
+    them is several hundred calls into the JVM on a classic session, about 0.15 s a document,
+    which a run of a few events would otherwise pay every time."""
+    with _BUILT_LOCK:
+        built = _BUILT.get(spark)
+        if built is None:
+            props = F.col(_PARSED)
+            built = _BUILT[spark] = (
+                document(props).alias(PROPS),
+                document(F.col(_PERSON)).alias(PERSON_PROPS),
+                document(F.try_variant_get(props, "$['$set']", "variant")).alias(SET_PROPS),
+                document(F.try_variant_get(props, "$['$set_once']", "variant")).alias(SET_ONCE_PROPS),
+                document(F.try_variant_get(props, "$['$group_set']", "variant")).alias(GROUP_SET_PROPS),
+            )
+        return built
