@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import operator
 import threading
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar
 
@@ -20,7 +22,7 @@ import great_expectations as gx
 import great_expectations.expectations as gxe
 from great_expectations.core.batch_definition import BatchDefinition
 from great_expectations.data_context.types.base import ProgressBarsConfig
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 
 from expectations.core import Check, Suite
@@ -199,6 +201,69 @@ def row_counts(df: DataFrame, suite: Suite, checks: list[Check]) -> tuple[int, l
     return int(counted["_rows"]), [int(counted[f"_f{i}"]) for i in range(len(checks))]
 
 
+def _row_results(suite: Suite, checks: list[Check], rows: int, failed_rows: list[int]) -> list[Result]:
+    return [
+        Result(
+            suite.table,
+            check.name,
+            check.policy,
+            "row",
+            rows,
+            n_failed,
+            outcome(check, n_failed == 0),
+            None,
+            check.description,
+        )
+        for check, n_failed in zip(checks, failed_rows, strict=True)
+    ]
+
+
+#: The text a gate checked in the write raises with when a ``fail`` check does not hold.
+FAILED_IN_WRITE = "medallion: a fail expectation did not hold on a row being written"
+
+
+@dataclass
+class InWrite:
+    """A suite checked as the batch is written (:func:`in_write`): ``rows`` are what to write, and
+    :meth:`validation` gives the results once the write has run."""
+
+    suite: Suite
+    rows: DataFrame
+    _observed: Observation
+    _checks: list[Check]
+    _started: float
+
+    def validation(self) -> Validation[DataFrame]:
+        """The results, read from the write's observed figures (call it after the write)."""
+        got = self._observed.get
+        rows, failed = int(got["_rows"]), [int(got[f"_f{i}"]) for i in range(len(self._checks))]
+        results = _row_results(self.suite, self._checks, rows, failed)
+        return Validation(self.suite, results, self.rows, None, time.perf_counter() - self._started)
+
+
+def in_write(df: DataFrame, suite: Suite) -> InWrite | None:
+    """``suite`` checked by the write of ``df`` itself, with no pass of its own: the row-level
+    checks' failing rows are counted as the write reads the rows (``DataFrame.observe``), and a
+    row failing a ``fail`` check stops the write before it commits (``raise_error`` with
+    :data:`FAILED_IN_WRITE`: Delta commits nothing of a failed job; the caller then validates the
+    batch as :func:`validate` does, for the results and the error).
+
+    None when the suite needs the batch before it is written: a check on the whole batch (GX), or
+    a ``drop`` check, whose rows go to the quarantine before the batch is committed."""
+    checks = list(suite.checks)
+    if not checks or any(not c.row_level or c.on != "rows" or c.policy == "drop" for c in checks):
+        return None
+    started = time.perf_counter()
+    observed = Observation(f"gate_{uuid.uuid4().hex}")
+    sums = [F.coalesce(F.sum(failing(c).cast("long")), F.lit(0)).alias(f"_f{i}") for i, c in enumerate(checks)]
+    rows = df.observe(observed, F.count(F.lit(1)).alias("_rows"), *sums)
+    fails = [c for c in checks if c.policy == "fail"]
+    if fails:
+        any_fails = functools.reduce(operator.or_, (failing(c) for c in fails))
+        rows = rows.where(F.when(any_fails, F.raise_error(F.lit(FAILED_IN_WRITE))).isNull())
+    return InWrite(suite, rows, observed, checks, started)
+
+
 def validate(
     df: DataFrame, suite: Suite, figures: DataFrame | None = None, rows: int | None = None
 ) -> Validation[DataFrame]:
@@ -214,18 +279,7 @@ def validate(
     row_checks = [c for c in suite.checks if c.on == "rows" and c.row_level]
     if row_checks:
         rows, failed_rows = row_counts(df, suite, row_checks)
-        for check, n_failed in zip(row_checks, failed_rows, strict=True):
-            by_name[check.name] = Result(
-                suite.table,
-                check.name,
-                check.policy,
-                "row",
-                rows,
-                n_failed,
-                outcome(check, n_failed == 0),
-                None,
-                check.description,
-            )
+        by_name.update((r.expectation, r) for r in _row_results(suite, row_checks, rows, failed_rows))
     for frame, checks in (
         (df, [c for c in suite.checks if c.on == "rows" and not c.row_level]),
         (figures, [c for c in suite.checks if c.on == "figures"]),

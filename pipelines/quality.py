@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -146,6 +146,60 @@ def gate(ctx: Context, record: RunRecord, table: str, df: DataFrame, txn: AppTxn
         else:
             append_once(ctx.store, BRONZE_QUARANTINE, rows, AppTxn(f"{txn.app_id}#dropped", txn.version))
     return validation.kept
+
+
+@dataclass
+class WriteGate:
+    """A gate run by the write itself (:func:`gate_in_write`): write ``rows``, then :meth:`passed`."""
+
+    rows: DataFrame
+    passed: Callable[[], None]
+    #: Validates the batch as :func:`gate` does when the write failed on a row (raises why).
+    failed: Callable[[], None]
+
+
+def gate_in_write(
+    ctx: Context, record: RunRecord, table: str, df: DataFrame, txn: AppTxn | None, **params: Any
+) -> WriteGate:
+    """The gate of a batch appended to ``table``, checked by the write where the suite allows it.
+
+    A suite of row-level checks without ``drop`` is counted as the rows are written, and a row
+    failing a ``fail`` check stops the write before its commit (:func:`expectations.runner.in_write`):
+    one pass over the batch instead of two. Otherwise (a check on the whole batch, a ``drop``) the
+    batch is validated first, as :func:`gate` does. Call ``passed`` after the write, ``failed``
+    when the write raised: it raises :class:`ExpectationFailed` if a check stopped it."""
+    from expectations.runner import FAILED_IN_WRITE, in_write
+
+    def nothing() -> None:
+        pass
+
+    if not enabled(ctx):
+        return WriteGate(df, nothing, nothing)
+    suite = suite_for(ctx, table, **params).for_batches()
+    checked = in_write(df, suite)
+    if checked is None:
+        return WriteGate(gate(ctx, record, table, df, txn, **params), nothing, nothing)
+
+    def passed() -> None:
+        validation = checked.validation()
+        record_results(record, validation)
+        if validation.failed:  # a fail check with failing rows that the write did not stop on
+            raise ExpectationFailed(validation)
+
+    def failed() -> None:
+        # The write stopped on a failing row (the error text is the only sign it gives): the
+        # batch is validated for the whole results, which raise with them.
+        run_suite(ctx, record, suite, df)
+        raise RuntimeError(f"{table}: the write stopped on a failing row, yet the batch validates: {FAILED_IN_WRITE}")
+
+    return WriteGate(checked.rows, passed, failed)
+
+
+def stopped_by_gate(exc: BaseException) -> bool:
+    """Whether a write's error is a row failing a ``fail`` check (:func:`gate_in_write`)."""
+    from expectations.runner import FAILED_IN_WRITE
+
+    return FAILED_IN_WRITE in str(exc)
 
 
 def gate_arrow(ctx: Context, record: RunRecord, table: str, rows: pa.Table, kind: str) -> tuple[pa.Table, pa.Table]:

@@ -1,0 +1,85 @@
+"""A gate checked by the write itself (silver.events: row-level checks, no drop): one pass over
+the batch counts the failing rows, and a row failing a ``fail`` check stops the write before its
+commit, on both engines. Expected results are written by hand from the three rows."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+from pipelines.eventlog import RunRecord
+from pipelines.flows import flow
+from pipelines.incremental import gated_append
+from pipelines.quality import ExpectationFailed
+from pipelines.runner import Context
+from pipelines.settings import Settings
+from pipelines.storage import AppTxn, open_store
+from pipelines.tables import SILVER_EVENTS
+
+TXN = AppTxn("medallion/silver.events<-bronze/events", 1)
+T = datetime(2024, 6, 1)
+
+
+def silver_rows(spark: SparkSession, buckets: list[int]) -> DataFrame:
+    return spark.createDataFrame(
+        [(f"u{b}", "e", 1, "d", T, "{}", None, b, f"b{b}", T, {}, None, None, None, None) for b in buckets],
+        SILVER_EVENTS.schema,
+    )
+
+
+def context(spark: SparkSession, engine_settings: Callable[..., Settings], lake: Path, **policies: str) -> Context:
+    settings = engine_settings(lake, quality={"policies": policies})
+    ctx = Context(settings=settings, spark=spark, store=open_store(settings, spark))
+    ctx.store.ensure(SILVER_EVENTS)
+    return ctx
+
+
+def outcomes(record: RunRecord) -> dict[str, tuple[str, int, int]]:
+    return {r["expectation"]: (r["outcome"], r["rows_checked"], r["rows_failed"]) for r in record.quality}
+
+
+PASSED_ON_3 = {
+    "uuid_not_null": ("passed", 3, 0),
+    "team_id_not_null": ("passed", 3, 0),
+    "event_time_not_null": ("passed", 3, 0),
+    "bucket_not_null": ("passed", 3, 0),
+    "bucket_in_range": ("passed", 3, 0),
+}
+
+
+def test_a_passing_batch_is_written_and_counted_in_the_same_pass(
+    spark: SparkSession, engine_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    ctx = context(spark, engine_settings, tmp_path / "lake")
+    record = RunRecord("silver.events")
+    version = gated_append(ctx, record, flow("silver.events"), silver_rows(spark, [0, 7, 3]), TXN, None, {})
+    assert sorted(r["bucket"] for r in ctx.store.read(SILVER_EVENTS).collect()) == [0, 3, 7]
+    assert ctx.store.txn_version(SILVER_EVENTS, TXN.app_id) == 1 and version == ctx.store.version(SILVER_EVENTS)
+    assert outcomes(record) == PASSED_ON_3
+
+
+def test_a_row_failing_a_fail_check_stops_the_write_before_its_commit(
+    spark: SparkSession, engine_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    ctx = context(spark, engine_settings, tmp_path / "lake")
+    before = ctx.store.version(SILVER_EVENTS)
+    record = RunRecord("silver.events")
+    with pytest.raises(ExpectationFailed, match=r"bucket_in_range .* failed: 1 of 3 rows"):
+        gated_append(ctx, record, flow("silver.events"), silver_rows(spark, [0, 9, 3]), TXN, None, {})
+    assert ctx.store.version(SILVER_EVENTS) == before and ctx.store.read(SILVER_EVENTS).count() == 0
+    assert ctx.store.txn_version(SILVER_EVENTS, TXN.app_id) is None
+    assert outcomes(record) == {**PASSED_ON_3, "bucket_in_range": ("failed", 3, 1)}
+
+
+def test_a_warn_check_writes_every_row_and_counts_the_failing_one(
+    spark: SparkSession, engine_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    ctx = context(spark, engine_settings, tmp_path / "lake", **{"silver/events:bucket_in_range": "warn"})
+    record = RunRecord("silver.events")
+    gated_append(ctx, record, flow("silver.events"), silver_rows(spark, [0, 9, 3]), TXN, None, {})
+    assert sorted(r["bucket"] for r in ctx.store.read(SILVER_EVENTS).collect()) == [0, 3, 9]
+    assert outcomes(record) == {**PASSED_ON_3, "bucket_in_range": ("warned", 3, 1)}
