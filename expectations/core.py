@@ -39,10 +39,18 @@ class Check:
     # "table": only when validating whole tables, for checks a batch satisfies by construction
     # (the output of a GROUP BY is unique on its keys) but a table can lose (a MERGE gone wrong).
     scope: Literal["batch", "table", "both"] = "both"
+    #: For a check on a total of the batch: the SQL aggregate (its observed value) and the range it
+    #: must lie in (inclusive; None: unbounded), computed with the row-level counts instead of by GX.
+    total: str | None = None
+    total_between: tuple[int | None, int | None] = (None, None)
 
     @property
     def row_level(self) -> bool:
         return self.passes is not None
+
+    def total_holds(self, value: int) -> bool:
+        low, high = self.total_between
+        return (low is None or value >= low) and (high is None or value <= high)
 
 
 @dataclass(frozen=True)
@@ -178,6 +186,8 @@ def sum_equals(column: str, value: int, name: str, what: str, policy: Policy = "
         gxe.ExpectColumnSumToBeBetween(column=column, min_value=value, max_value=value),
         policy,
         f"sum({column}) == {what} ({value:,})",
+        total=f"coalesce(sum({_q(column)}), 0)",
+        total_between=(value, value),
     )
 
 

@@ -15,6 +15,7 @@ import operator
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar
 
@@ -177,16 +178,20 @@ def outcome(check: Check, success: bool) -> str:
     return {"warn": "warned", "drop": "dropped", "fail": "failed"}[check.policy]
 
 
-def row_counts(df: DataFrame, suite: Suite, checks: list[Check]) -> tuple[int, list[int]]:
-    """The batch's rows and the failing rows of each row-level check, in one pass over it.
+def row_counts(
+    df: DataFrame, suite: Suite, checks: list[Check], totals: Sequence[Check] = ()
+) -> tuple[int, list[int], list[int]]:
+    """The batch's rows, the failing rows of each row-level check and the value of each check on a
+    total (:attr:`Check.total`), in one pass over it.
 
     GX would run one or more Spark jobs per expectation; the checks' own predicates (the ones a
-    ``drop`` filters on) are summed in one aggregation instead. A predicate Spark cannot resolve
-    (a missing column) raises, naming the check.
+    ``drop`` filters on) and totals are computed in one aggregation instead. A predicate Spark
+    cannot resolve (a missing column) raises, naming the check.
     """
     from pyspark.errors import AnalysisException
 
     sums = [F.coalesce(F.sum(failing(c).cast("long")), F.lit(0)).alias(f"_f{i}") for i, c in enumerate(checks)]
+    sums += [F.expr(c.total or "").cast("long").alias(f"_t{i}") for i, c in enumerate(totals)]
     try:
         counted = df.agg(F.count(F.lit(1)).alias("_rows"), *sums).first()  # one row of figures
     except AnalysisException:
@@ -196,9 +201,18 @@ def row_counts(df: DataFrame, suite: Suite, checks: list[Check]) -> tuple[int, l
                 df.select(failing(check)).schema  # noqa: B018 - resolving the predicate is the check
             except AnalysisException as exc:
                 raise RuntimeError(f"{suite.table}: expectation {check.name} could not run: {exc}") from None
+        for check in totals:
+            try:
+                df.agg(F.expr(check.total or "")).schema  # noqa: B018
+            except AnalysisException as exc:
+                raise RuntimeError(f"{suite.table}: expectation {check.name} could not run: {exc}") from None
         raise
     assert counted is not None
-    return int(counted["_rows"]), [int(counted[f"_f{i}"]) for i in range(len(checks))]
+    return (
+        int(counted["_rows"]),
+        [int(counted[f"_f{i}"]) for i in range(len(checks))],
+        [int(counted[f"_t{i}"]) for i in range(len(totals))],
+    )
 
 
 def _row_results(suite: Suite, checks: list[Check], rows: int, failed_rows: list[int]) -> list[Result]:
@@ -277,11 +291,24 @@ def validate(
     t0 = time.perf_counter()
     by_name: dict[str, Result] = {}
     row_checks = [c for c in suite.checks if c.on == "rows" and c.row_level]
-    if row_checks:
-        rows, failed_rows = row_counts(df, suite, row_checks)
+    total_checks = [c for c in suite.checks if c.on == "rows" and c.total is not None]
+    if row_checks or total_checks:
+        rows, failed_rows, totals = row_counts(df, suite, row_checks, total_checks)
         by_name.update((r.expectation, r) for r in _row_results(suite, row_checks, rows, failed_rows))
+        for check, value in zip(total_checks, totals, strict=True):
+            by_name[check.name] = Result(
+                suite.table,
+                check.name,
+                check.policy,
+                "batch",
+                rows,
+                None,
+                outcome(check, check.total_holds(value)),
+                f"observed {value:,}",
+                check.description,
+            )
     for frame, checks in (
-        (df, [c for c in suite.checks if c.on == "rows" and not c.row_level]),
+        (df, [c for c in suite.checks if c.on == "rows" and not c.row_level and c.total is None]),
         (figures, [c for c in suite.checks if c.on == "figures"]),
     ):
         if frame is None or not checks:

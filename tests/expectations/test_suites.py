@@ -94,6 +94,8 @@ def test_partials_must_sum_to_the_tuples_fanned_out(spark: SparkSession) -> None
     df = spark.createDataFrame(rows, GOLD_PARTIALS.schema)
     assert not_passed(validate(df, gold_partials(tuples=3)).results) == {}
     assert not_passed(validate(df, gold_partials(tuples=4)).results) == {"count_sum_equals_tuples": ("failed", None)}
+    (total,) = [r for r in validate(df, gold_partials(tuples=4)).results if r.expectation == "count_sum_equals_tuples"]
+    assert (total.kind, total.rows_checked, total.observed) == ("batch", 2, "observed 3")
 
 
 def test_clickhouse_figures_must_match_what_was_exported(spark: SparkSession) -> None:
