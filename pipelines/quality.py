@@ -112,6 +112,9 @@ def record_results(record: RunRecord, validation: Validation) -> None:
     key = validation.suite.table
     record.incr(**{"quality.seconds": validation.seconds})
     record.add(**{f"quality.{key}.failed_rows": failed_rows, f"quality.{key}.dropped_rows": validation.dropped_rows})
+    checked = [r.rows_checked for r in validation.results if r.kind != "figures" and r.rows_checked is not None]
+    if checked:
+        record.add(**{f"quality.{key}.rows": max(checked)})
 
 
 def run_suite(

@@ -22,6 +22,7 @@ from gold.property_values import (
 from pipelines.incremental import Batch, FlowRecord, MergeRules
 from pipelines.layer_config import fanout_rules, team_filter
 from pipelines.settings import Settings
+from pipelines.tables import GOLD_PARTIALS, GOLD_PROPERTY_VALUES
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,9 @@ def partials(batch: Batch, config: GoldConfig, record: FlowRecord) -> DataFrame:
 
 
 def partials_figures(out: DataFrame, config: GoldConfig, record: FlowRecord) -> None:
-    n_out = out.count()
+    n_out = record.gated_rows(GOLD_PARTIALS.key)
+    if n_out is None:  # no gate counted them
+        n_out = out.count()
     record.rows(rows_out=n_out)
     record.add(partial_rows=n_out)
     record.say(
@@ -91,7 +94,9 @@ def merged(batch: Batch, config: GoldConfig, record: FlowRecord) -> DataFrame:
 
 
 def merged_figures(out: DataFrame, config: GoldConfig, record: FlowRecord) -> None:
-    n = out.count()
+    n = record.gated_rows(GOLD_PROPERTY_VALUES.key)
+    if n is None:  # no gate counted them
+        n = out.count()
     record.rows(rows_out=n)
     record.add(merged_rows=n)
     record.say(f"gold stage 2: {int(record.figure('partial_rows')):,} partial rows merged as {n:,} rows")
