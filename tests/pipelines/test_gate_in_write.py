@@ -83,3 +83,16 @@ def test_a_warn_check_writes_every_row_and_counts_the_failing_one(
     gated_append(ctx, record, flow("silver.events"), silver_rows(spark, [0, 9, 3]), TXN, None, {})
     assert sorted(r["bucket"] for r in ctx.store.read(SILVER_EVENTS).collect()) == [0, 3, 9]
     assert outcomes(record) == {**PASSED_ON_3, "bucket_in_range": ("warned", 3, 1)}
+
+
+def test_a_batch_spark_knows_is_empty_is_counted_without_the_write_s_figures(
+    spark: SparkSession, engine_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    # An increment of commits that added no file reads as an empty local relation: Spark writes it
+    # without running the observed plan, so the write gives no figures (Spark raises on asking).
+    ctx = context(spark, engine_settings, tmp_path / "lake")
+    record = RunRecord("silver.events")
+    empty = spark.createDataFrame([], SILVER_EVENTS.schema)
+    gated_append(ctx, record, flow("silver.events"), empty, TXN, None, {})
+    assert ctx.store.read(SILVER_EVENTS).count() == 0 and ctx.store.txn_version(SILVER_EVENTS, TXN.app_id) == 1
+    assert outcomes(record) == {name: ("passed", 0, 0) for name in PASSED_ON_3}
