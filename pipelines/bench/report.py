@@ -91,6 +91,9 @@ def markdown(result: dict[str, Any]) -> str:
                 f"| {r['stage']} | {n['median']:.2f} ({n['min']:.2f}-{n['max']:.2f}) "
                 f"| {o['median']:.2f} ({o['min']:.2f}-{o['max']:.2f}) |"
             )
+    for key, lake in (("pass_costs", result["size"]), ("pass_costs_small", "S")):
+        if result.get(key):
+            lines += ["", *pass_costs_markdown(result[key], lake)]
     if result.get("fixed_costs_small"):
         big = {r["stage"]: r for r in result["fixed_costs"]}
         lines += [
@@ -274,3 +277,23 @@ def chain_charts(fig: Any, grid: Any, result: dict[str, Any]) -> None:
 def write(result: dict[str, Any], out: Path) -> list[Path]:
     (out / "bench.md").write_text(markdown(result))
     return [out / "bench.md", out / "bench.json", *charts(result, out)]
+
+
+def pass_costs_markdown(costs: dict[str, Any], lake: str) -> list[str]:
+    """A pass of run all, empty and with 1 event: per flow and in total (``pass_costs``)."""
+    lines = [
+        f"## A pass of run all (session up, {lake} lake): empty, and with 1 event landed",
+        "",
+        "| flow | empty pass, s (min-max) | 1-event pass, s (min-max) | Spark jobs (1 event) |",
+        "|---|---:|---:|---:|",
+    ]
+
+    def cell(s: dict[str, float]) -> str:
+        return f"{s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f})"
+
+    for row in [*costs["flows"], {"flow": "**total**", **costs["total"]}]:
+        jobs = row.get("spark_jobs")
+        lines.append(
+            f"| {row['flow']} | {cell(row['noop'])} | {cell(row['one_event'])} | {'' if jobs is None else jobs} |"
+        )
+    return lines

@@ -250,3 +250,23 @@ def test_fixed_costs_time_a_noop_and_a_one_event_run_of_every_event_path_job(
         assert 0 < r["noop"]["min"] <= r["noop"]["median"] <= r["noop"]["max"]
         assert 0 < r["one_event"]["min"] <= r["one_event"]["median"] <= r["one_event"]["max"]
     assert "## Per-run fixed costs" in (out / "bench.md").read_text()
+
+
+def test_a_pass_of_run_all_is_timed_empty_and_with_one_event_per_flow_and_in_total(
+    bench: tuple[Path, dict[str, Any], str],
+) -> None:
+    from pipelines.flows import runnable
+
+    out, result, _ = bench
+    costs = result["pass_costs"]
+    rows = {r["flow"]: r for r in costs["flows"]}
+    assert list(rows) == [f.name for f in runnable()]
+    # the empty pass found nothing to do anywhere; the event went through silver and both gold stages
+    assert all(r["noop_statuses"] == ["noop"] for r in rows.values()), costs
+    assert [rows[f]["one_event_statuses"] for f in ("silver.events", "gold.partials", "gold.merge")] == [["ok"]] * 3
+    assert all(r["spark_jobs"] is not None and r["spark_jobs"] >= 0 for r in rows.values())
+    assert rows["silver.events"]["spark_jobs"] > 0  # the event was read, checked and written
+    for kind in ("noop", "one_event"):
+        t = costs["total"][kind]
+        assert 0 < t["min"] <= t["median"] <= t["max"]
+    assert "## A pass of run all (session up, S lake)" in (out / "bench.md").read_text()
