@@ -180,6 +180,11 @@ def outcome(check: Check, success: bool) -> str:
     return {"warn": "warned", "drop": "dropped", "fail": "failed"}[check.policy]
 
 
+def _failing_sums(checks: Sequence[Check]) -> list[Column]:
+    """Per row-level check, its failing rows as an aggregate column (``_f0``, ``_f1``, ...)."""
+    return [F.coalesce(F.sum(failing(c).cast("long")), F.lit(0)).alias(f"_f{i}") for i, c in enumerate(checks)]
+
+
 def row_counts(
     df: DataFrame, suite: Suite, checks: list[Check], totals: Sequence[Check] = ()
 ) -> tuple[int, list[int], list[int]]:
@@ -192,20 +197,17 @@ def row_counts(
     """
     from pyspark.errors import AnalysisException
 
-    sums = [F.coalesce(F.sum(failing(c).cast("long")), F.lit(0)).alias(f"_f{i}") for i, c in enumerate(checks)]
-    sums += [F.expr(c.total or "").cast("long").alias(f"_t{i}") for i, c in enumerate(totals)]
+    columns = [
+        *zip(checks, _failing_sums(checks), strict=True),
+        *((c, F.expr(c.total or "").cast("long").alias(f"_t{i}")) for i, c in enumerate(totals)),
+    ]
     try:
-        counted = df.agg(F.count(F.lit(1)).alias("_rows"), *sums).first()  # one row of figures
+        counted = df.agg(F.count(F.lit(1)).alias("_rows"), *(col for _, col in columns)).first()  # one row
     except AnalysisException:
-        # Name the check: resolve each predicate alone (planning only, no Spark job).
-        for check in checks:
+        # Name the check: resolve each column alone (planning only, no Spark job).
+        for check, col in columns:
             try:
-                df.select(failing(check)).schema  # noqa: B018 - resolving the predicate is the check
-            except AnalysisException as exc:
-                raise RuntimeError(f"{suite.table}: expectation {check.name} could not run: {exc}") from None
-        for check in totals:
-            try:
-                df.agg(F.expr(check.total or "")).schema  # noqa: B018
+                df.agg(col).schema  # noqa: B018 - resolving the column is the check
             except AnalysisException as exc:
                 raise RuntimeError(f"{suite.table}: expectation {check.name} could not run: {exc}") from None
         raise
@@ -283,8 +285,7 @@ def in_write(df: DataFrame, suite: Suite) -> InWrite | None:
         return None
     started = time.perf_counter()
     observed = Observation(f"gate_{uuid.uuid4().hex}")
-    sums = [F.coalesce(F.sum(failing(c).cast("long")), F.lit(0)).alias(f"_f{i}") for i, c in enumerate(checks)]
-    rows = df.observe(observed, F.count(F.lit(1)).alias("_rows"), *sums)
+    rows = df.observe(observed, F.count(F.lit(1)).alias("_rows"), *_failing_sums(checks))
     fails = [c for c in checks if c.policy == "fail"]
     if fails:
         any_fails = functools.reduce(operator.or_, (failing(c) for c in fails))

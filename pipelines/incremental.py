@@ -183,10 +183,7 @@ class FlowRecord:
     def gated_rows(self, table: str) -> int | None:
         """The rows of this run's batch for ``table`` that its gate counted and let through (None
         when no gate counted them: quality off, or no check on rows): a figure with no pass of its own."""
-        metrics = self._record.metrics
-        if f"quality.{table}.rows" not in metrics:
-            return None
-        return int(metrics[f"quality.{table}.rows"] - metrics.get(f"quality.{table}.dropped_rows", 0))
+        return quality.passed_rows(self._record, table)
 
     def rows(self, rows_in: int | None = None, rows_out: int | None = None) -> None:
         """Rows read and written, for the event log (a figure not given is left as it is)."""

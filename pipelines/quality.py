@@ -117,6 +117,14 @@ def record_results(record: RunRecord, validation: Validation) -> None:
         record.add(**{f"quality.{key}.rows": max(checked)})
 
 
+def passed_rows(record: RunRecord, table: str) -> int | None:
+    """The rows of ``table``'s batch that its gate counted and let through this run (None when no
+    gate counted them: quality off, or no check on rows)."""
+    if f"quality.{table}.rows" not in record.metrics:
+        return None
+    return int(record.metrics[f"quality.{table}.rows"] - record.metrics.get(f"quality.{table}.dropped_rows", 0))
+
+
 def run_suite(
     ctx: Context, record: RunRecord, suite: Suite, df: DataFrame, figures: DataFrame | None = None
 ) -> Validation:

@@ -194,7 +194,7 @@ def garbage_collected_after() -> Iterator[None]:
     try:
         yield
     finally:
-        gc.collect()
+        gc.collect()  # garbage collection of Python objects, not rows
         if mine:
             gc.unfreeze()
 

@@ -98,6 +98,21 @@ def test_partials_must_sum_to_the_tuples_fanned_out(spark: SparkSession) -> None
     assert (total.kind, total.rows_checked, total.observed) == ("batch", 2, "observed 3")
 
 
+def test_a_check_on_a_total_is_computed_with_the_row_counts_not_by_gx(spark: SparkSession, monkeypatch) -> None:
+    import expectations.runner
+
+    def no_gx(*_: object) -> None:
+        raise AssertionError("GX ran")
+
+    monkeypatch.setattr(expectations.runner, "_run_gx", no_gx)
+    df = spark.createDataFrame([(1, 0, "event", "$browser", "a", T0, 2, T1, "b1", T1)], GOLD_PARTIALS.schema)
+    # the gate's checks (the table-wide uniqueness check is GX's, and not a batch's)
+    assert not_passed(validate(df, gold_partials(tuples=2).for_batches()).results) == {}
+    assert not_passed(validate(df, gold_partials(tuples=3).for_batches()).results) == {
+        "count_sum_equals_tuples": ("failed", None)
+    }
+
+
 def test_clickhouse_figures_must_match_what_was_exported(spark: SparkSession) -> None:
     rows = spark.createDataFrame(
         [(1, "event", "k", "v", T0, 3)],

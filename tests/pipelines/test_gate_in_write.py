@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import IntegerType
 
 from pipelines.eventlog import RunRecord
 from pipelines.flows import flow
@@ -59,6 +61,27 @@ def test_a_passing_batch_is_written_and_counted_in_the_same_pass(
     version = gated_append(ctx, record, flow("silver.events"), silver_rows(spark, [0, 7, 3]), TXN, None, {})
     assert sorted(r["bucket"] for r in ctx.store.read(SILVER_EVENTS).collect()) == [0, 3, 7]
     assert ctx.store.txn_version(SILVER_EVENTS, TXN.app_id) == 1 and version == ctx.store.version(SILVER_EVENTS)
+    assert outcomes(record) == PASSED_ON_3
+    assert record.metrics["quality.silver/events.rows"] == 3  # the figure gold's stages read for their rows
+
+
+def test_the_gate_and_the_write_read_the_batch_once(
+    spark: SparkSession, engine_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    # Each row's bucket comes from a Python function that counts its calls: a gate with a pass of
+    # its own before the write would make 6 calls for these 3 rows.
+    calls = spark.sparkContext.accumulator(0)
+
+    def bucket_of(b: int) -> int:
+        calls.add(1)
+        return b
+
+    counted = F.udf(bucket_of, IntegerType())
+    rows = silver_rows(spark, [0, 7, 3]).withColumn("bucket", counted("bucket"))
+    ctx = context(spark, engine_settings, tmp_path / "lake")
+    record = RunRecord("silver.events")
+    gated_append(ctx, record, flow("silver.events"), rows, TXN, None, {})
+    assert calls.value == 3
     assert outcomes(record) == PASSED_ON_3
 
 
