@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import statistics
 import time
 import uuid
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from pipelines.bench import plain
 from pipelines.bench.freshness import run_freshness
 from pipelines.bench.ingest import ingest_stages
 from pipelines.bench.measure import Bench, Figure, as_dicts, timed, warm_up_first
+from pipelines.bench.passes import fixed_costs
 from pipelines.bench.workloads import (
     PODS,
     SIZES,
@@ -274,135 +274,6 @@ def dedup_by_window(ctx: Context) -> list[dict[str, Any]]:
         }
         for f in dedup_figures(events, DEDUP_WINDOWS)
     ]
-
-
-#: The event path's jobs, each run alone, for the per-run fixed costs (``drain``: the export
-#: treats every window as closed, so a 1-event run sends the event's tuples).
-FIXED_COST_STEPS: tuple[tuple[str, Callable[[Context, bool], Any]], ...] = (
-    ("silver events", lambda c, _: jobs.silver_events(c)),
-    ("gold stage 1", lambda c, _: jobs.gold_partials(c)),
-    ("gold stage 2", lambda c, _: jobs.gold_merge(c)),
-    ("export to ClickHouse", lambda c, drain: jobs.export_property_values(c, drain=drain)),
-)
-
-
-def fixed_costs(b: Bench, ctx: Context, w: Workload, passes_into: str = "pass_costs") -> list[dict[str, Any]]:
-    """What each event-path job costs on its own, once the session is up, on the lake a chain
-    run left: on an empty increment (a no-op run) and on a 1-event increment (one new event
-    landed, then each job in order; the export drains, so it sends the event's tuples). Median,
-    min and max of ``repeats`` runs after a warm-up.
-
-    Beside them, into ``b.extra[passes_into]``: whole passes of every flow, as ``run all --once``
-    runs them (no drain), empty and after 1 event landed, per flow and in total, with the Spark
-    jobs each flow ran (:func:`pass_costs`)."""
-    noop: dict[str, list[float]] = {name: [] for name, _ in FIXED_COST_STEPS}
-    one: dict[str, list[float]] = {name: [] for name, _ in FIXED_COST_STEPS}
-    statuses: dict[str, set[tuple[str, str]]] = {name: set() for name, _ in FIXED_COST_STEPS}
-    folder = b.out / "work" / "one-event"
-    folder.mkdir(parents=True, exist_ok=True)
-
-    def each_step(counted: bool, run: str, drain: bool, into: dict[str, list[float]]) -> None:
-        for name, step in FIXED_COST_STEPS:
-            t0 = time.perf_counter()
-            record = step(ctx, drain)
-            if counted:
-                into[name].append(time.perf_counter() - t0)
-                statuses[name].add((run, record.status))
-
-    def land_one(name: str, attempt: int) -> None:
-        event = {**w.first_events[attempt % len(w.first_events)], "uuid": str(uuid.uuid4())}
-        path = folder / f"{name}-{attempt}.jsonl"
-        path.write_text(json.dumps(event, default=str) + "\n")
-        jobs.ingest_files(ctx, "events", [path])
-
-    passes: dict[str, list[list[PassStep]]] = {"noop": [], "one_event": []}
-    for attempt in range(b.repeats + 1):
-        # A whole pass of run all (every flow, as `run all --once` runs them) with nothing new: the
-        # previous attempt's last pass left every flow up to date (the warm-up's may find work).
-        noop_pass = timed_pass(ctx, f"noop-{attempt}")
-        each_step(attempt > 0, "noop", False, noop)
-        land_one("one", attempt)
-        each_step(attempt > 0, "one_event", True, one)
-        land_one("pass", attempt)
-        one_pass = timed_pass(ctx, f"one-{attempt}")
-        if attempt > 0:
-            passes["noop"].append(noop_pass)
-            passes["one_event"].append(one_pass)
-    b.extra[passes_into] = pass_costs(passes)
-
-    return [
-        {
-            "stage": name,
-            "noop": summary(noop[name]),
-            "one_event": summary(one[name]),
-            # what each run reported, so a reader (and the smoke test) sees the runs did what they say
-            "statuses": sorted(f"{run}: {status}" for run, status in statuses[name]),
-        }
-        for name, _ in FIXED_COST_STEPS
-    ]
-
-
-def summary(seconds: list[float]) -> dict[str, float]:
-    return {
-        "median": round(statistics.median(seconds), 3),
-        "min": round(min(seconds), 3),
-        "max": round(max(seconds), 3),
-    }
-
-
-#: One flow of a timed pass: its name, seconds, status and the Spark jobs it ran (None: not known).
-PassStep = tuple[str, float, str, int | None]
-
-
-def timed_pass(ctx: Context, tag: str) -> list[PassStep]:
-    """One pass of every runnable flow (``run all --once``), each flow timed as it ends, with the
-    Spark jobs it ran (counted by a job group per flow on a classic session)."""
-    from pipelines.flows import run_pass, runnable
-
-    flows = runnable()
-    sc = ctx.spark.sparkContext if hasattr(ctx.spark, "sparkContext") else None
-
-    def group(i: int) -> str:
-        name = f"bench-pass-{tag}-{flows[i].name}"
-        if sc is not None:
-            sc.setJobGroup(name, f"bench pass: {flows[i].name}")
-        return name
-
-    steps: list[PassStep] = []
-    try:
-        current, t0 = group(0), time.perf_counter()
-        for i, record in enumerate(run_pass(ctx, flows)):
-            seconds = time.perf_counter() - t0
-            spark_jobs = len(sc.statusTracker().getJobIdsForGroup(current)) if sc is not None else None
-            steps.append((flows[i].name, seconds, record.status, spark_jobs))
-            if i + 1 < len(flows):
-                current = group(i + 1)
-            t0 = time.perf_counter()
-    finally:
-        if sc is not None:
-            sc.setJobGroup("bench", "bench")
-    return steps
-
-
-def pass_costs(passes: dict[str, list[list[PassStep]]]) -> dict[str, Any]:
-    """Timed passes -> per flow and in total: seconds (median, min, max) of the empty and the
-    1-event passes, the 1-event pass's Spark jobs (median) and what each run reported."""
-    flows = [name for name, *_ in passes["one_event"][0]]
-    rows = []
-    for i, name in enumerate(flows):
-        row: dict[str, Any] = {"flow": name}
-        for kind, runs in passes.items():
-            row[kind] = summary([run[i][1] for run in runs])
-            row[f"{kind}_statuses"] = sorted({run[i][2] for run in runs})
-        counted = [n for run in passes["one_event"] if (n := run[i][3]) is not None]
-        row["spark_jobs"] = int(statistics.median(counted)) if counted else None
-        rows.append(row)
-    total: dict[str, Any] = {
-        kind: summary([sum(step[1] for step in run) for run in runs]) for kind, runs in passes.items()
-    }
-    jobs_total = [row["spark_jobs"] for row in rows]
-    total["spark_jobs"] = sum(jobs_total) if None not in jobs_total else None
-    return {"flows": rows, "total": total}
 
 
 def buffer_growth(b: Bench, w: Workload) -> list[dict[str, Any]]:
