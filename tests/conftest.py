@@ -94,11 +94,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 #: Set (e.g. to ``local[2]``), the test session is a Spark Connect session on that remote:
-#: ``tests/pipelines/test_connect.py`` runs the job suite this way in a child pytest.
+#: ``tests/pipelines/test_connect.py`` runs the job suite this way in a child pytest (with ``CATALOG_ENV``).
 REMOTE_ENV = "MEDALLION_TEST_SPARK_REMOTE"
 #: Set to a catalog (e.g. ``spark_catalog``), the delta-spark engine under test names its tables
-#: ``<catalog>.medallion_<lake>.<layer>_<name>``: ``tests/pipelines/test_catalog.py`` runs the job
-#: suite this way in a child pytest.
+#: ``<catalog>.medallion_<lake>.<layer>_<name>``: ``tests/pipelines/test_connect.py`` runs the job
+#: suite this way in a child pytest, over Spark Connect.
 CATALOG_ENV = "MEDALLION_TEST_CATALOG"
 
 

@@ -17,9 +17,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from pipelines.settings import load_settings
 from pipelines.storage import AppTxn, open_store
-from tests.conftest import CATALOG_ENV
 from tests.pipelines.test_storage_contract import SCHEMA, SPEC, T0, rows
-from tests.suites import run_child_suite
 
 
 def store_in(spark: SparkSession, lake: Path, schema: str):  # type: ignore[no-untyped-def]
@@ -78,11 +76,3 @@ def test_catalog_names_need_both_parts_and_the_delta_spark_engine(tmp_path: Path
         load_settings(lake_root=str(tmp_path), delta_engine="delta-spark", catalog="main")
     with pytest.raises(SettingsError, match="delta-spark"):
         load_settings(lake_root=str(tmp_path), catalog="main", schema="medallion")
-
-
-@pytest.mark.slow
-def test_the_job_suite_and_storage_contract_pass_with_tables_by_name(delta_jars: str, tmp_path: Path) -> None:
-    env = {CATALOG_ENV: "spark_catalog", "MEDALLION_DELTA_JARS": delta_jars}
-    suites = ["tests/pipelines/test_jobs.py", "tests/pipelines/test_storage_contract.py"]
-    counts = run_child_suite(env, suites, tmp_path / "catalog.xml", "-k", "delta-spark")
-    assert counts["tests"] >= 15, counts
