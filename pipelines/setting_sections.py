@@ -35,8 +35,8 @@ class SparkSettings(_Section):
     remote: str | None = Field(
         default=None,
         description=(
-            "Spark Connect: sc://host:port of a Connect server, or local[N] to start one here; "
-            "unset means a classic session"
+            "Spark Connect: sc://host:port of a Connect server, or a master (local[N], "
+            "spark://host:port) to start one here on it; unset means a classic session"
         ),
     )
     app_name: str = "medallion"

@@ -112,7 +112,8 @@ def _runtime_confs(confs: dict[str, str]) -> dict[str, str]:
 
 def build_connect(settings: Settings, confs: dict[str, str]) -> SparkSession:
     """A Spark Connect session: ``sc://host:port`` reaches a running Connect server (serverless
-    and standard-access compute work this way), ``local[N]`` starts one here with every conf."""
+    and standard-access compute work this way); a master (``local[N]``, ``spark://host:port``)
+    starts one here, with every conf, whose work runs on that master."""
     remote = settings.spark.remote
     assert remote is not None
     confs = {k: v for k, v in confs.items() if k not in CLASSIC_ONLY}
@@ -124,7 +125,9 @@ def build_connect(settings: Settings, confs: dict[str, str]) -> SparkSession:
     check_java()
     if not os.environ.get("PYSPARK_PYTHON"):
         os.environ["PYSPARK_PYTHON"] = sys.executable
-    builder = SparkSession.builder.remote(remote).appName(settings.spark.app_name)
+    # Spark's API mode "connect" starts the server in this process on any master (remote() takes
+    # only local[N]); the client session then talks to it.
+    builder = SparkSession.builder.master(remote).config("spark.api.mode", "connect").appName(settings.spark.app_name)
     for key, value in confs.items():
         builder = builder.config(key, value)
     with warnings.catch_warnings():

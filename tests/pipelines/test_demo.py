@@ -191,24 +191,32 @@ def assert_quantiles_close(got: dict[tuple[int, str], float], expected: dict[tup
         assert got[key] == pytest.approx(value, rel=0.05 if key[1] == "p50_ms" else 0.5), key
 
 
-#: As on serverless or standard-access compute: a Spark Connect session, tables by catalog name.
-CONNECT_AND_NAMES = {
-    "MEDALLION_SPARK__REMOTE": "local[2]",
-    "MEDALLION_CATALOG": "spark_catalog",
-    "MEDALLION_SCHEMA": "medallion",
-}
-
-
-# A classic session with tables by path runs on the standalone cluster below: one demo proves both.
-@pytest.mark.slow(seconds=240)
-@pytest.mark.parametrize("mode", [CONNECT_AND_NAMES], ids=["spark connect, by name"])
-def test_demo_on_delta_spark_gives_the_same_figures_as_on_delta_rs(
-    lake: Path, delta_jars: str, tmp_path: Path, mode: dict[str, str], demo_lake: DemoLake
+@pytest.mark.slow(seconds=300)
+@pytest.mark.integration
+def test_demo_on_delta_spark_over_connect_by_name_on_a_cluster_gives_the_same_figures_as_on_delta_rs(
+    lake: Path, delta_jars: str, spark_cluster: SparkMaster, tmp_path: Path, demo_lake: DemoLake
 ) -> None:
+    """bronze -> silver -> gold -> export (and metrics, counters) on delta-spark, as serverless and
+    standard-access compute run it: a Spark Connect session, tables by catalog name, and the work
+    on a real multi-process cluster (a master and a worker JVM started with spark-class, executors
+    in the worker's own processes), so a step that leaned on driver-local state, on py4j or on
+    paths in place of names would come out different, or fail.
+
+    One demo holds the three: each is a configuration the figures must not depend on. A classic
+    session with tables by path runs the job suites in process on both engines."""
     spark_lake = tmp_path / "lakehouse"
-    engine = {"MEDALLION_DELTA_ENGINE": "delta-spark", "MEDALLION_DELTA_JARS": delta_jars, **mode}
-    out = medallion(spark_lake, *SMALL_DEMO, settings_env=engine)
-    assert out.returncode == 0, out.stderr
+    env = {
+        "MEDALLION_DELTA_ENGINE": "delta-spark",
+        "MEDALLION_DELTA_JARS": delta_jars,
+        # A Connect server in the demo's process, its work on the cluster's executors.
+        "MEDALLION_SPARK__REMOTE": spark_cluster.url,
+        "MEDALLION_CATALOG": "spark_catalog",
+        "MEDALLION_SCHEMA": "medallion",
+        "MEDALLION_SPARK__DRIVER_MEMORY": "1g",
+        "MEDALLION_SPARK__CONF": json.dumps({"spark.executor.memory": "2g", "spark.executor.cores": "2"}),
+    }
+    out = medallion(spark_lake, *SMALL_DEMO, settings_env=env)
+    assert out.returncode == 0, out.stderr[-4000:]
     on_spark, on_rs = figures(out.stdout, spark_lake), figures(demo_lake.summary_json, lake)
     # KLL sketches compact with a random coin (DataSketches), so two runs agree on quantiles within
     # the sketch's rank error, not to the digit, whichever engine: every other figure is exact.
@@ -216,49 +224,18 @@ def test_demo_on_delta_spark_gives_the_same_figures_as_on_delta_rs(
     assert on_spark == on_rs
     assert q_spark.keys() == q_rs.keys() and q_rs
     assert_quantiles_close(q_spark, q_rs)
-    # Written by Delta on Spark indeed: its commits carry Spark's engineInfo, delta-rs's do not.
-    (last,) = DeltaTable(str(spark_lake / "gold/property_values")).history(1)
-    assert "Delta-Lake/" in last.get("engineInfo", ""), last
-    if mode:
-        # Ad-hoc SQL by catalog name, from a new process (whose session catalog starts empty).
-        query = "SELECT count(*) AS n FROM spark_catalog.medallion.silver_events"
-        answer = medallion(spark_lake, "sql", query, "--format", "json", settings_env=engine)
-        assert answer.returncode == 0, answer.stderr
-        assert json.loads(answer.stdout.splitlines()[0]) == {"n": len(table(lake, "silver/events"))}
-
-
-@pytest.mark.slow(seconds=300)
-@pytest.mark.integration
-def test_demo_on_a_standalone_spark_cluster_gives_the_same_figures_as_locally(
-    lake: Path, delta_jars: str, spark_cluster: SparkMaster, tmp_path: Path, demo_lake: DemoLake
-) -> None:
-    """bronze -> silver -> gold -> export (and metrics, counters) on a real multi-process cluster:
-    a master and a worker JVM started with spark-class, executors in the worker's own processes,
-    so a step that leaned on driver-local state would come out different, or fail.
-
-    It is also the demo on delta-spark in a classic session with tables by path: the figures equal
-    delta-rs's, and the tables are written by Delta on Spark."""
-    cluster_lake = tmp_path / "lakehouse"
-    env = {
-        "MEDALLION_DELTA_ENGINE": "delta-spark",
-        "MEDALLION_DELTA_JARS": delta_jars,
-        "MEDALLION_SPARK__MASTER": spark_cluster.url,
-        "MEDALLION_SPARK__DRIVER_MEMORY": "1g",
-        "MEDALLION_SPARK__CONF": json.dumps({"spark.executor.memory": "2g", "spark.executor.cores": "2"}),
-    }
-    out = medallion(cluster_lake, *SMALL_DEMO, settings_env=env)
-    assert out.returncode == 0, out.stderr[-4000:]
-    on_cluster, local = figures(out.stdout, cluster_lake), figures(demo_lake.summary_json, lake)
-    q_cluster, q_local = kll_quantiles(on_cluster), kll_quantiles(local)
-    assert on_cluster == local
-    assert_quantiles_close(q_cluster, q_local)
     # The work ran on the cluster: the master saw the application, and its executor ran tasks.
     apps = spark_cluster.state()["completedapps"]
     assert [a["name"] for a in apps] == ["medallion"], apps
     assert apps[0]["cores"] >= 1
     # Written by Delta on Spark indeed: its commits carry Spark's engineInfo, delta-rs's do not.
-    (last,) = DeltaTable(str(cluster_lake / "gold/property_values")).history(1)
+    (last,) = DeltaTable(str(spark_lake / "gold/property_values")).history(1)
     assert "Delta-Lake/" in last.get("engineInfo", ""), last
+    # Ad-hoc SQL by catalog name, from a new process (whose session catalog starts empty).
+    query = "SELECT count(*) AS n FROM spark_catalog.medallion.silver_events"
+    answer = medallion(spark_lake, "sql", query, "--format", "json", settings_env=env)
+    assert answer.returncode == 0, answer.stderr
+    assert json.loads(answer.stdout.splitlines()[0]) == {"n": len(table(lake, "silver/events"))}
 
 
 def test_the_demo_prints_where_its_report_is(lake: Path, demo_lake: DemoLake) -> None:
