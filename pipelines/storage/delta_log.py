@@ -1,0 +1,55 @@
+"""What the delta-spark engine reads from a table's Delta log itself: the newest version through
+Delta's JVM classes (a classic session with open-source Delta), and the newest checkpoint among
+``_delta_log`` file names."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from py4j.java_gateway import JavaClass
+from py4j.protocol import Py4JError
+from pyspark.sql import SparkSession
+from pyspark.sql.utils import is_remote
+
+
+class JvmDeltaLog:
+    """Open-source Delta's ``DeltaLog`` through py4j: a table's newest version, brought up to date
+    (a listing of its ``_delta_log`` from the version the JVM last saw; no query, no Spark job)."""
+
+    def __init__(self, spark: SparkSession, delta_log: Any) -> None:
+        self._jspark, self._delta_log = spark._jsparkSession, delta_log
+        self._none = spark._jvm.scala.Option.empty()  # type: ignore[union-attr]
+
+    def version_of(self, location: str) -> int:
+        """The newest version at ``location``; -1 where there is no Delta table."""
+        # update(stalenessAcceptable, checkIfUpdatedSinceTs, catalogTableOpt), as Delta 4 has it.
+        return int(self._delta_log.forTable(self._jspark, location).update(False, self._none, self._none).version())
+
+
+def jvm_delta_log(spark: SparkSession) -> JvmDeltaLog | None:
+    """Delta's log classes on a classic session with open-source Delta, else None (Spark Connect,
+    or a Delta built under other names)."""
+    if is_remote() or not hasattr(spark, "_jvm"):
+        return None
+    try:
+        delta_log = spark._jvm.org.apache.spark.sql.delta.DeltaLog  # type: ignore[union-attr]
+    except Py4JError:
+        return None
+    return JvmDeltaLog(spark, delta_log) if isinstance(delta_log, JavaClass) else None
+
+
+def newest_checkpoint(names: Sequence[str], version: int) -> int | None:
+    """The newest complete checkpoint at or before ``version`` among ``_delta_log`` file names."""
+    parts: dict[tuple[int, int], set[int]] = {}
+    complete: set[int] = set()
+    for name in names:
+        multi = re.fullmatch(r"(\d{20})\.checkpoint\.(\d{10})\.(\d{10})\.parquet", name)
+        if multi:
+            v, part, of = (int(g) for g in multi.groups())
+            parts.setdefault((v, of), set()).add(part)
+        elif single := re.fullmatch(r"(\d{20})\.checkpoint(\.[0-9a-f-]{36})?\.parquet", name):
+            complete.add(int(single.group(1)))
+    complete |= {v for (v, of), seen in parts.items() if seen == set(range(1, of + 1))}
+    return max((v for v in complete if v <= version), default=None)
