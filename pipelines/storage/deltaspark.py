@@ -5,7 +5,7 @@ writers), never through the ``delta.tables`` JVM wrapper, so the engine runs the
 session, over Spark Connect (serverless and standard-access compute) and on Databricks. One read
 has a shortcut on a classic session with open-source Delta: a table's newest version, which every
 job asks for several times, comes from Delta's own log in the JVM (a listing of ``_delta_log``,
-about 15 ms) rather than ``DESCRIBE HISTORY`` (about 0.3 s on 2 cores). Elsewhere, or if that
+about 13 ms) rather than ``DESCRIBE HISTORY`` (about 0.3 s on 2 cores). Elsewhere, or if that
 class is not there (Databricks' own Delta), the SQL answers.
 
 App transactions use Delta's idempotent-write options: ``txnAppId``/``txnVersion`` on the
@@ -333,7 +333,7 @@ class DeltaSparkStore(TableStore):
         there is none: from Delta's log in the JVM where it is at hand, else its newest commit."""
         if self._delta_log is not None:
             try:
-                version = int(self._delta_log.version_of(self.location(spec)))
+                version = self._delta_log.version_of(self.location(spec))
             except Py4JJavaError:
                 pass  # a Delta error (a log it cannot read): the SQL below says it as it would
             except Py4JError:
