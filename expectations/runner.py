@@ -26,6 +26,7 @@ from great_expectations.data_context.types.base import ProgressBarsConfig
 from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 
+from expectations import batch
 from expectations.core import Check, Suite
 
 log = logging.getLogger("medallion")
@@ -169,9 +170,40 @@ def _exception(info: Any) -> str | None:
 
 def _figures_text(figures: DataFrame, check: Check) -> str:
     """The two figures a pair check compared, for the results table."""
-    row = figures.first()
+    return _pair_text(figures.first(), check)
+
+
+def _pair_text(row: Any, check: Check) -> str:
     names = [getattr(check.expectation, "column_A"), getattr(check.expectation, "column_B")]  # noqa: B009
     return " vs ".join(f"{n} {row[n]:,}" if row and row[n] is not None else f"{n} -" for n in names)
+
+
+def _figures_results(suite: Suite, figures: DataFrame, checks: list[Check]) -> list[Result]:
+    """The checks that two figures are equal, on the one row of figures read once (GX would run
+    jobs per check on it); as GX counts them, a row where both figures are missing passes."""
+    pairs = [c for c in checks if isinstance(c.expectation, gxe.ExpectColumnPairValuesToBeEqual)]
+    if not pairs:
+        return []
+    row = figures.first()  # one row of figures from several tables
+    results = []
+    for check in pairs:
+        a, b = (row[getattr(check.expectation, n)] if row else None for n in ("column_A", "column_B"))
+        n_failed = 0 if row is None or a == b else 1
+        observed = _pair_text(row, check)
+        results.append(
+            Result(
+                suite.table,
+                check.name,
+                check.policy,
+                "figures",
+                None,
+                n_failed,
+                outcome(check, not n_failed),
+                observed,
+                check.description,
+            )
+        )
+    return results
 
 
 def outcome(check: Check, success: bool) -> str:
@@ -298,10 +330,12 @@ def validate(
 ) -> Validation[DataFrame]:
     """Run ``suite`` on ``df`` (persist it first: it is read more than once) and split off drops.
 
-    Row-level checks are counted in one pass (:func:`row_counts`); checks on the whole batch run
-    through GX. Checks ``on="figures"`` run on ``figures`` (one row of numbers from several
-    tables) when given, else they are skipped. A check that cannot be evaluated (a missing
-    column, a bad query) raises: a broken check must not pass silently.
+    Row-level checks are counted in one pass (:func:`row_counts`), uniqueness and ``no_rows``
+    checks in one query (:mod:`expectations.batch`), pair checks on the one row of figures in
+    Python; other checks on the whole batch run through GX. Checks ``on="figures"`` run on
+    ``figures`` (one row of numbers from several tables) when given, else they are skipped. A
+    check that cannot be evaluated (a missing column, a bad query) raises: a broken check must
+    not pass silently.
     """
     t0 = time.perf_counter()
     by_name: dict[str, Result] = {}
@@ -322,9 +356,29 @@ def validate(
                 f"observed {value:,}",
                 check.description,
             )
+    on_batch = [c for c in suite.checks if c.on == "rows" and not c.row_level and c.total is None]
+    counted = [c for c in on_batch if batch.failing_rows_query(c) is not None]
+    if counted:
+        batch_rows, failing = batch.counts(df, counted, suite.table)
+        rows = batch_rows if rows is None else rows
+        for check, n_failed in zip(counted, failing, strict=True):
+            by_name[check.name] = Result(
+                suite.table,
+                check.name,
+                check.policy,
+                "batch",
+                rows,
+                n_failed,
+                outcome(check, n_failed == 0),
+                None,
+                check.description,
+            )
+    on_figures = [c for c in suite.checks if c.on == "figures"]
+    if figures is not None and on_figures:
+        by_name.update((r.expectation, r) for r in _figures_results(suite, figures, on_figures))
     for frame, checks in (
-        (df, [c for c in suite.checks if c.on == "rows" and not c.row_level and c.total is None]),
-        (figures, [c for c in suite.checks if c.on == "figures"]),
+        (df, [c for c in on_batch if c not in counted]),
+        (figures, [c for c in on_figures if c.name not in by_name]),
     ):
         if frame is None or not checks:
             continue

@@ -7,7 +7,18 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from expectations.core import PolicyError, Suite, at_least_column, between, in_set, not_null, policy_problems, unique
+from expectations.core import (
+    PolicyError,
+    Suite,
+    at_least_column,
+    between,
+    figures_equal,
+    in_set,
+    no_rows,
+    not_null,
+    policy_problems,
+    unique,
+)
 from expectations.runner import _run_gx, validate
 
 SCHEMA = "id long, team_id long, kind string, first_seen long, last_seen long"
@@ -98,6 +109,73 @@ def test_unique_ignores_rows_with_a_null_key_column(spark: SparkSession) -> None
     )
     (r,) = validate(df, Suite("t/x", (unique(["topic", "p", "o"], "offsets_unique"),))).results
     assert (r.outcome, r.rows_failed) == ("failed", 2)
+
+
+DUPLICATES = [("t", 0, 1), ("t", 0, 2), (None, 0, 1), (None, 0, 1), ("t", 0, 1), ("u", None, 7), ("u", None, 7)]
+
+
+@pytest.mark.parametrize(
+    "check",
+    [
+        unique(["topic", "p", "o"], "offsets_unique"),
+        unique(["topic"], "topic_unique"),
+        unique(["o"], "o_unique"),
+        unique(["topic", "p"], "topic_p_unique"),
+        no_rows("no_big_offsets", "SELECT * FROM {batch} WHERE o > 1", "o is at most 1"),
+        no_rows("no_sevens", "SELECT o FROM {batch} WHERE o = 7 GROUP BY o", "no offset 7"),
+        no_rows("none_missing", "SELECT * FROM {batch} WHERE topic IS NULL AND o > 5", "held"),
+    ],
+    ids=lambda c: c.name,
+)
+def test_checks_on_the_whole_batch_count_what_gx_counts_without_gx(spark: SparkSession, check, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import expectations.runner
+
+    df = spark.createDataFrame(DUPLICATES, "topic string, p int, o long").persist()
+    (gx_result,) = _run_gx(df, [check], "t__x_model")  # GX itself, the model Spark's count stands in for
+    info = gx_result.result
+    unexpected = info["unexpected_count"] if "unexpected_count" in info else info["observed_value"]
+
+    def no_gx(*_: object) -> None:
+        raise AssertionError("GX ran")
+
+    monkeypatch.setattr(expectations.runner, "_run_gx", no_gx)
+    (r,) = validate(df, Suite("t/x", (check,))).results
+    assert (r.rows_failed, r.outcome == "passed", r.rows_checked) == (unexpected, gx_result.success, 7)
+
+
+def test_figures_are_compared_as_gx_compares_them_without_gx(spark: SparkSession, monkeypatch) -> None:
+    import expectations.runner
+
+    checks = (
+        figures_equal("a", "b", "a_is_b", "a == b"),
+        figures_equal("a", "c", "a_is_c", "a == c"),
+        figures_equal("d", "e", "d_is_e", "both missing"),
+        figures_equal("a", "d", "a_is_d", "one missing"),
+    )
+    figures = spark.createDataFrame([(3, 3, 4, None, None)], "a long, b long, c long, d long, e long")
+    rows = spark.createDataFrame([(1,)], "x long")
+    model = {
+        c.name: r.success for c, r in zip(checks, _run_gx(figures, list(checks), "t__x_figures_model"), strict=True)
+    }
+    monkeypatch.setattr(expectations.runner, "_run_gx", lambda *_: (_ for _ in ()).throw(AssertionError("GX ran")))
+    results = validate(rows, Suite("t/x", checks), figures).results
+    assert (
+        {r.expectation: r.outcome == "passed" for r in results}
+        == model
+        == {
+            "a_is_b": True,
+            "a_is_c": False,
+            "d_is_e": True,
+            "a_is_d": False,
+        }
+    )
+    assert [r.observed for r in results] == ["a 3 vs b 3", "a 3 vs c 4", "d - vs e -", "a 3 vs d -"]
+
+
+def test_a_batch_query_spark_cannot_resolve_is_an_error_naming_the_check(spark: SparkSession) -> None:
+    df = spark.createDataFrame([(1,)], "a long")
+    with pytest.raises(RuntimeError, match="t/x: expectation bad_query could not run"):
+        validate(df, Suite("t/x", (no_rows("bad_query", "SELECT * FROM {batch} WHERE nope > 1", "bad"),)))
 
 
 def test_policies_from_settings_override_per_table_then_per_check() -> None:
