@@ -15,11 +15,7 @@ from collections.abc import Sequence
 import great_expectations.expectations as gxe
 from pyspark.sql import DataFrame
 
-from expectations.core import Check
-
-
-def _q(column: str) -> str:
-    return "`" + column.replace("`", "``") + "`"
+from expectations.core import Check, _q
 
 
 def failing_rows_query(check: Check) -> str | None:
@@ -42,33 +38,33 @@ def failing_rows_query(check: Check) -> str | None:
     )
 
 
-def counts(df: DataFrame, checks: Sequence[Check], table: str) -> tuple[int, list[int]]:
-    """(the batch's rows, each check's failing rows) in one Spark query over ``df``.
+def counts(
+    df: DataFrame, checks: Sequence[tuple[Check, str]], table: str, with_rows: bool
+) -> tuple[int | None, list[int]]:
+    """(the batch's rows when ``with_rows``, each check's failing rows) in one Spark query over
+    ``df``; ``checks`` pairs each check with its :func:`failing_rows_query`.
 
-    Each check's query runs as a scalar subquery of one statement, over ``df`` as a temporary view
-    with a name of its own (jobs run side by side in one session). A query Spark cannot resolve
-    raises, naming the check."""
+    Each query runs as a scalar subquery of one statement, over ``df`` as a temporary view with a
+    name of its own (jobs run side by side in one session). A query Spark cannot resolve raises,
+    naming the check."""
     from pyspark.errors import AnalysisException
 
     spark = df.sparkSession
     view = f"_medallion_batch_{uuid.uuid4().hex}"
-    queries = [failing_rows_query(c) for c in checks]
-    assert all(q is not None for q in queries), "only checks failing_rows_query counts"
     df.createOrReplaceTempView(view)
     try:
-        parts = [f"(SELECT count(1) FROM {view}) AS _rows"] + [
-            f"(SELECT count(1) FROM ({(q or '').replace('{batch}', view)})) AS _b{i}" for i, q in enumerate(queries)
-        ]
+        parts = [f"(SELECT count(1) FROM {view}) AS _rows"] if with_rows else []
+        parts += [f"(SELECT count(1) FROM ({q.replace('{batch}', view)})) AS _b{i}" for i, (_, q) in enumerate(checks)]
         try:
             row = spark.sql("SELECT " + ", ".join(parts)).first()  # one row
         except AnalysisException:
-            for check, query in zip(checks, queries, strict=True):
+            for check, query in checks:
                 try:
-                    spark.sql((query or "").replace("{batch}", view)).schema  # noqa: B018 - resolving is the check
+                    spark.sql(query.replace("{batch}", view)).schema  # noqa: B018 - resolving is the check
                 except AnalysisException as exc:
                     raise RuntimeError(f"{table}: expectation {check.name} could not run: {exc}") from None
             raise
     finally:
         spark.catalog.dropTempView(view)
     assert row is not None
-    return int(row["_rows"]), [int(row[f"_b{i}"]) for i in range(len(checks))]
+    return int(row["_rows"]) if with_rows else None, [int(row[f"_b{i}"]) for i in range(len(checks))]

@@ -206,6 +206,23 @@ def _figures_results(suite: Suite, figures: DataFrame, checks: list[Check]) -> l
     return results
 
 
+def _batch_result(
+    suite: Suite, check: Check, rows: int | None, failed: int | None, success: bool, observed: str | None
+) -> Result:
+    """The result of a check on the whole batch that Spark counted (a total, a query's rows)."""
+    return Result(
+        suite.table,
+        check.name,
+        check.policy,
+        "batch",
+        rows,
+        failed,
+        outcome(check, success),
+        observed,
+        check.description,
+    )
+
+
 def outcome(check: Check, success: bool) -> str:
     if success:
         return "passed"
@@ -345,39 +362,21 @@ def validate(
         rows, failed_rows, totals = row_counts(df, suite, row_checks, total_checks)
         by_name.update((r.expectation, r) for r in _row_results(suite, row_checks, rows, failed_rows))
         for check, value in zip(total_checks, totals, strict=True):
-            by_name[check.name] = Result(
-                suite.table,
-                check.name,
-                check.policy,
-                "batch",
-                rows,
-                None,
-                outcome(check, check.total_holds(value)),
-                f"observed {value:,}",
-                check.description,
+            by_name[check.name] = _batch_result(
+                suite, check, rows, None, check.total_holds(value), f"observed {value:,}"
             )
     on_batch = [c for c in suite.checks if c.on == "rows" and not c.row_level and c.total is None]
-    counted = [c for c in on_batch if batch.failing_rows_query(c) is not None]
+    counted = [(c, q) for c in on_batch if (q := batch.failing_rows_query(c)) is not None]
     if counted:
-        batch_rows, failing = batch.counts(df, counted, suite.table)
+        batch_rows, failing = batch.counts(df, counted, suite.table, with_rows=rows is None)
         rows = batch_rows if rows is None else rows
-        for check, n_failed in zip(counted, failing, strict=True):
-            by_name[check.name] = Result(
-                suite.table,
-                check.name,
-                check.policy,
-                "batch",
-                rows,
-                n_failed,
-                outcome(check, n_failed == 0),
-                None,
-                check.description,
-            )
+        for (check, _), n_failed in zip(counted, failing, strict=True):
+            by_name[check.name] = _batch_result(suite, check, rows, n_failed, n_failed == 0, None)
     on_figures = [c for c in suite.checks if c.on == "figures"]
     if figures is not None and on_figures:
         by_name.update((r.expectation, r) for r in _figures_results(suite, figures, on_figures))
     for frame, checks in (
-        (df, [c for c in on_batch if c not in counted]),
+        (df, [c for c in on_batch if c.name not in by_name]),
         (figures, [c for c in on_figures if c.name not in by_name]),
     ):
         if frame is None or not checks:
