@@ -307,6 +307,18 @@ def event_clock(
     return newest, None if drain or newest is None else newest - lateness
 
 
+def state_counts() -> list[Column]:
+    """Aggregates of a next state (:func:`next_state`, open events still with their windows) ->
+    its outbox rows (``emit``), its open-window events (``event``), their windows and its rows."""
+    kind = F.col(STATE_KIND)
+    window = F.struct("wiki_id", "page_id", WINDOW_START)
+    return [
+        *(F.count(F.when(kind == k, 1)).alias(k) for k in ("emit", "event")),
+        F.count_distinct(F.when(kind == "event", window)).alias("windows"),
+        F.count(F.lit(1)).alias("rows"),
+    ]
+
+
 def next_state(
     open_events: DataFrame,
     last_emitted: DataFrame,

@@ -23,6 +23,7 @@ from silver.page_changes import (
     dedup_run,
     event_clock,
     next_state,
+    state_counts,
     state_events,
     state_last_emitted,
     state_progress,
@@ -188,12 +189,11 @@ def page_changes(batch: StateBatch, config: PageChangeConfig, record: FlowRecord
         .first()
     )
     emitted = record.gate(SILVER_PAGE_CHANGES.key, record.cache(result.emitted))
-    open_events = record.cache(result.buffered)
-    # The run's figures, computed on the cached steps before the state they read is replaced.
-    n_emitted = emitted.count()
-    buffered_events = open_events.count()
-    open_windows = open_events.select("wiki_id", "page_id", "window_start").distinct().count()
-    n_key_rows = result.last_emitted.count()
+    # The next state, computed once: one query counts its parts, and the state write reads it.
+    state_rows = record.cache(next_state(result.buffered, result.last_emitted, emitted, max_seen, batch.end))
+    parts = state_rows.agg(*state_counts()).first()
+    assert parts is not None, "a global aggregate has one row"
+    n_emitted, buffered_events, open_windows = (int(parts[k]) for k in ("emit", "event", "windows"))
     n_final = int(finalized["n"] or 0) if finalized else 0
     stale = int(finalized["stale"] or 0) if finalized else 0
     record.rows(n_in, n_emitted)
@@ -205,7 +205,7 @@ def page_changes(batch: StateBatch, config: PageChangeConfig, record: FlowRecord
         deduplicated=n_final - n_emitted - stale,
         open_windows=open_windows,
         buffered_events=buffered_events,
-        state_rows=buffered_events + n_key_rows + n_emitted + 1,
+        state_rows=int(parts["rows"]),
     )
     if watermark is not None:
         record.add(watermark_epoch_s=watermark.timestamp())
@@ -214,4 +214,4 @@ def page_changes(batch: StateBatch, config: PageChangeConfig, record: FlowRecord
         f"{stale:,} stale, {buffered_events:,} buffered in {open_windows:,} open window(s)"
         + (" (drained)" if batch.drain else "")
     )
-    return StateStep(next_state(open_events, result.last_emitted, emitted, max_seen, batch.end))
+    return StateStep(state_rows)
