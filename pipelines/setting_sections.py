@@ -43,6 +43,13 @@ class SparkSettings(_Section):
     shuffle_partitions: int = Field(default=4, ge=1, le=100_000)
     driver_memory: str = "4g"
     log_level: Literal["ERROR", "WARN", "INFO", "DEBUG"] = "ERROR"
+    generated_code: bool = Field(
+        default=True,
+        description=(
+            "compile each query to Java, Spark's default; off, queries run interpreted: a pass of "
+            "small increments, planned anew each run, costs about a fifth less (docs/performance.md)"
+        ),
+    )
     conf: dict[str, str] = Field(default_factory=dict, description="extra Spark confs, as a JSON object")
 
 

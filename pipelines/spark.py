@@ -13,6 +13,8 @@ import shutil
 import subprocess
 import sys
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -24,6 +26,11 @@ DELTA_CONFS = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
 }
+
+#: ``spark.generated_code: false``: no Java generated and compiled per query (whole-stage code and
+#: expression code alike). A small batch's queries carry new literals each run (versions,
+#: watermarks), so their code is compiled anew each time, and compiling costs more than running them.
+INTERPRETED = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
 
 LOCAL_DEFAULTS = {
     "spark.ui.enabled": "false",
@@ -77,6 +84,8 @@ def spark_confs(settings: Settings) -> dict[str, str]:
     confs["spark.sql.warehouse.dir"] = f"{settings.lake_root}/_spark_warehouse"
     confs["spark.sql.shuffle.partitions"] = str(settings.spark.shuffle_partitions)
     confs["spark.driver.memory"] = settings.spark.driver_memory
+    if not settings.spark.generated_code:
+        confs.update(INTERPRETED)
     if not os.environ.get("PYSPARK_PYTHON"):
         # Python workers (pandas UDFs) need this interpreter's packages; Spark's default is
         # whatever ``python3`` is first on PATH, which outside an activated venv has none of them.
@@ -181,3 +190,20 @@ def has_delta_classes(spark: SparkSession) -> bool:
             return False
         return True  # the source resolved; the probe path is (meant to be) missing
     return True
+
+
+@contextmanager
+def interpreted(spark: SparkSession) -> Iterator[None]:
+    """Queries run interpreted in this block (``spark.generated_code: false``); the session's own
+    values come back after it."""
+    before: dict[str, str | None] = {key: spark.conf.get(key, None) for key in INTERPRETED}
+    for key, value in INTERPRETED.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, old in before.items():
+            if old is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, old)

@@ -14,6 +14,7 @@ from pipelines import jobs
 from pipelines.bench.measure import Bench
 from pipelines.bench.workloads import Workload
 from pipelines.runner import Context
+from pipelines.spark import interpreted
 
 #: The event path's jobs, each run alone, for the per-run fixed costs (``drain``: the export
 #: treats every window as closed, so a 1-event run sends the event's tuples).
@@ -32,8 +33,8 @@ def fixed_costs(b: Bench, ctx: Context, w: Workload, passes_into: str = "pass_co
     min and max of ``repeats`` runs after a warm-up.
 
     Beside them, into ``b.extra[passes_into]``: whole passes of every flow, as ``run all --once``
-    runs them (no drain), empty and after 1 event landed, per flow and in total, with the Spark
-    jobs each flow ran (:func:`pass_costs`)."""
+    runs them (no drain), empty and after 1 event landed, and after 1 event with queries run
+    interpreted, per flow and in total, with the Spark jobs each flow ran (:func:`pass_costs`)."""
     noop: dict[str, list[float]] = {name: [] for name, _ in FIXED_COST_STEPS}
     one: dict[str, list[float]] = {name: [] for name, _ in FIXED_COST_STEPS}
     statuses: dict[str, set[tuple[str, str]]] = {name: set() for name, _ in FIXED_COST_STEPS}
@@ -54,7 +55,7 @@ def fixed_costs(b: Bench, ctx: Context, w: Workload, passes_into: str = "pass_co
         path.write_text(json.dumps(event, default=str) + "\n")
         jobs.ingest_files(ctx, "events", [path])
 
-    passes: dict[str, list[list[PassStep]]] = {"noop": [], "one_event": []}
+    passes: dict[str, list[list[PassStep]]] = {"noop": [], "one_event": [], "one_event_interpreted": []}
     for attempt in range(b.repeats + 1):
         # A whole pass of run all (every flow, as `run all --once` runs them) with nothing new: the
         # previous attempt's last pass left every flow up to date (the warm-up's may find work).
@@ -64,9 +65,14 @@ def fixed_costs(b: Bench, ctx: Context, w: Workload, passes_into: str = "pass_co
         each_step(attempt > 0, "one_event", True, one)
         land_one("pass", attempt)
         one_pass = timed_pass(ctx, f"one-{attempt}")
+        # The same pass with queries run interpreted (``spark.generated_code: false``).
+        land_one("interpreted", attempt)
+        with interpreted(ctx.spark):
+            plain_pass = timed_pass(ctx, f"interpreted-{attempt}")
         if attempt > 0:
             passes["noop"].append(noop_pass)
             passes["one_event"].append(one_pass)
+            passes["one_event_interpreted"].append(plain_pass)
     b.extra[passes_into] = pass_costs(passes)
 
     return [

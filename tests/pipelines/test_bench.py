@@ -266,7 +266,8 @@ def test_a_pass_of_run_all_is_timed_empty_and_with_one_event_per_flow_and_in_tot
     assert [rows[f]["one_event_statuses"] for f in ("silver.events", "gold.partials", "gold.merge")] == [["ok"]] * 3
     assert all(r["spark_jobs"] is not None and r["spark_jobs"] >= 0 for r in rows.values())
     assert rows["silver.events"]["spark_jobs"] > 0  # the event was read, checked and written
-    for kind in ("noop", "one_event"):
+    assert [rows[f]["one_event_interpreted_statuses"] for f in ("silver.events", "gold.partials")] == [["ok"]] * 2
+    for kind in ("noop", "one_event", "one_event_interpreted"):
         t = costs["total"][kind]
         assert 0 < t["min"] <= t["median"] <= t["max"]
     assert "## A pass of run all (session up, S lake)" in (out / "bench.md").read_text()
