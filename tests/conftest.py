@@ -107,7 +107,17 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     remote = os.environ.get(REMOTE_ENV) or None
     settings = load_settings(
         lake_root=str(tmp_path_factory.mktemp("spark-lake")),
-        spark={"shuffle_partitions": 2, "master": "local[2]", "driver_memory": "2g", "remote": remote},
+        spark={
+            "shuffle_partitions": 2,
+            "master": "local[2]",
+            "driver_memory": "2g",
+            "remote": remote,
+            # The tests' batches are a few rows, planned anew each run: compiling generated code for
+            # each query cost more than running it interpreted (14-19% of the in-process Spark
+            # tests' time, measured in docs/testing.md). The tests that run `medallion` in a process
+            # of its own (the demo, the bench, the cluster) keep Spark's default, as users do.
+            "generated_code": False,
+        },
         # With jars given, the session gets the Delta extension so the delta-spark engine can run.
         delta_engine="delta-spark" if os.environ.get(DELTA_JARS_ENV) else "delta-rs",
     )

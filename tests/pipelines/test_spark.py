@@ -51,6 +51,23 @@ def test_local_delta_sessions_rebuild_table_state_in_few_tasks(tmp_path: Path) -
     assert user["spark.databricks.delta.snapshotPartitions"] == "50"
 
 
+def test_generated_code_is_sparks_default_and_can_be_turned_off(tmp_path: Path) -> None:
+    default = spark_confs(load_settings(lake_root=str(tmp_path)))
+    assert "spark.sql.codegen.wholeStage" not in default and "spark.sql.codegen.factoryMode" not in default
+    off = spark_confs(load_settings(lake_root=str(tmp_path), spark={"generated_code": False}))
+    assert off["spark.sql.codegen.wholeStage"] == "false"
+    assert off["spark.sql.codegen.factoryMode"] == "NO_CODEGEN"
+    mine = {"spark.sql.codegen.wholeStage": "true"}
+    user = spark_confs(load_settings(lake_root=str(tmp_path), spark={"generated_code": False, "conf": mine}))
+    assert user["spark.sql.codegen.wholeStage"] == "true", "a user's own confs still win"
+
+
+def test_the_test_session_runs_queries_interpreted(spark: SparkSession) -> None:
+    """tests/conftest.py's session: its batches are a few rows (docs/testing.md)."""
+    assert spark.conf.get("spark.sql.codegen.wholeStage") == "false"
+    assert spark.conf.get("spark.sql.codegen.factoryMode") == "NO_CODEGEN"
+
+
 def test_delta_jars_that_do_not_exist_are_named(tmp_path: Path) -> None:
     settings = load_settings(lake_root=str(tmp_path), delta_engine="delta-spark", delta_jars=["/nope/delta.jar"])
     with pytest.raises(EngineUnavailableError, match=r"/nope/delta\.jar"):
