@@ -13,8 +13,8 @@ import shutil
 import subprocess
 import sys
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -193,11 +193,11 @@ def has_delta_classes(spark: SparkSession) -> bool:
 
 
 @contextmanager
-def interpreted(spark: SparkSession) -> Iterator[None]:
-    """Queries run interpreted in this block (``spark.generated_code: false``); the session's own
-    values come back after it."""
-    before: dict[str, str | None] = {key: spark.conf.get(key, None) for key in INTERPRETED}
-    for key, value in INTERPRETED.items():
+def session_confs(spark: SparkSession, confs: Mapping[str, str]) -> Iterator[None]:
+    """``confs`` set on the session in this block; each key's own value (or its absence) comes
+    back after it."""
+    before: dict[str, str | None] = {key: spark.conf.get(key, None) for key in confs}
+    for key, value in confs.items():
         spark.conf.set(key, value)
     try:
         yield
@@ -207,3 +207,8 @@ def interpreted(spark: SparkSession) -> Iterator[None]:
                 spark.conf.unset(key)
             else:
                 spark.conf.set(key, old)
+
+
+def interpreted(spark: SparkSession) -> AbstractContextManager[None]:
+    """Queries run interpreted in a block (``spark.generated_code: false``)."""
+    return session_confs(spark, INTERPRETED)

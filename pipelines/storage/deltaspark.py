@@ -33,7 +33,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.errors import CommitConflictError, EngineUnavailableError, StorageError
-from pipelines.spark import has_delta_classes
+from pipelines.spark import has_delta_classes, session_confs
 from pipelines.storage.base import (
     AppTxn,
     Data,
@@ -164,19 +164,9 @@ class DeltaSparkStore(TableStore):
             return conform_df(data, spec.schema)
         return self.to_spark(self.to_arrow(spec, data), spec.schema)
 
-    @contextmanager
-    def _session_confs(self, confs: Mapping[str, str]) -> Iterator[None]:
-        for key, value in confs.items():
-            self.spark.conf.set(key, value)
-        try:
-            yield
-        finally:
-            for key in confs:
-                self.spark.conf.unset(key)
-
     def _txn_confs(self, txn: AppTxn | None) -> Any:
-        return self._session_confs(
-            {} if txn is None else {TXN_APP_CONF: txn.app_id, TXN_VERSION_CONF: str(txn.version)}
+        return session_confs(
+            self.spark, {} if txn is None else {TXN_APP_CONF: txn.app_id, TXN_VERSION_CONF: str(txn.version)}
         )
 
     @contextmanager

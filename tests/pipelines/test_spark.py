@@ -93,3 +93,19 @@ def test_python_workers_use_this_interpreter_unless_told_otherwise(monkeypatch: 
     assert spark_confs(load_settings())["spark.pyspark.python"] == sys.executable
     monkeypatch.setenv("PYSPARK_PYTHON", "/opt/python/bin/python3")
     assert "spark.pyspark.python" not in spark_confs(load_settings())
+
+
+def test_interpreted_sets_its_confs_for_a_block_and_puts_the_sessions_own_back(spark: SparkSession) -> None:
+    from pipelines.spark import interpreted
+
+    spark.conf.set("spark.sql.codegen.wholeStage", "true")
+    spark.conf.unset("spark.sql.codegen.factoryMode")
+    try:
+        with interpreted(spark):
+            assert spark.conf.get("spark.sql.codegen.wholeStage") == "false"
+            assert spark.conf.get("spark.sql.codegen.factoryMode") == "NO_CODEGEN"
+        assert spark.conf.get("spark.sql.codegen.wholeStage") == "true"
+        assert spark.conf.get("spark.sql.codegen.factoryMode", None) in (None, "FALLBACK"), "unset again"
+    finally:
+        spark.conf.set("spark.sql.codegen.wholeStage", "false")
+        spark.conf.set("spark.sql.codegen.factoryMode", "NO_CODEGEN")
