@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import threading
@@ -23,6 +24,7 @@ from pipelines.cli.base import (
 from pipelines.cli.render import (
     print_summary,
 )
+from pipelines.stopping import stop_on
 
 
 # -- demo ---------------------------------------------------------------------------------------
@@ -125,17 +127,14 @@ def run(
 
     chosen_flows = flows.resolve(job)
     ctx = state.context(validates=True)
-    stop = threading.Event()
-    if not once:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
-    while True:
-        for record in flows.run_pass(ctx, chosen_flows, chosen, drain):
-            console.print(f"{record.job}: {record.status}, {record.rows_in:,} in, {record.rows_out:,} out")
-            if stop.is_set():
+    with contextlib.nullcontext(threading.Event()) if once else stop_on(signal.SIGTERM, signal.SIGINT) as stop:
+        while True:
+            for record in flows.run_pass(ctx, chosen_flows, chosen, drain):
+                console.print(f"{record.job}: {record.status}, {record.rows_in:,} in, {record.rows_out:,} out")
+                if stop.is_set():
+                    break
+            if once or stop.wait(interval):
                 break
-        if once or stop.wait(interval):
-            break
 
 
 # -- ingest -------------------------------------------------------------------------------------
@@ -195,10 +194,7 @@ def ingest_kafka(
     # Start-up is over (Spark, and the gates' Great Expectations loading meanwhile): what is alive
     # now lives as long as the process, so the collections after each flush need not walk it.
     wait_preloaded()
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    with startup_heap_frozen():
+    with stop_on(signal.SIGTERM, signal.SIGINT) as stop, startup_heap_frozen():
         stats = jobs.ingest_kafka(ctx, chosen, max_batch=max_batch, max_wait=max_wait, once=once, stop=stop)
     console.print(
         f"ingest.kafka: {stats.messages:,} messages in {stats.flushes} flush(es), {stats.landed:,} landed, "
@@ -233,9 +229,6 @@ def serve_remote_write(state: State, host: str | None, port: int | None, process
 
     settings = state.settings
     rw = settings.remote_write
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     bind = host or rw.host
     count = processes or rw.processes
 
@@ -246,5 +239,6 @@ def serve_remote_write(state: State, host: str | None, port: int | None, process
             soft_wrap=True,
         )
 
-    serve_processes(settings, bind, rw.port if port is None else port, count, stop, ready)
+    with stop_on(signal.SIGTERM, signal.SIGINT) as stop:
+        serve_processes(settings, bind, rw.port if port is None else port, count, stop, ready)
     err_console.print("remote-write receiver stopped; every acknowledged sample is in bronze/samples")

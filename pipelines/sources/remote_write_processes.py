@@ -32,6 +32,7 @@ from pipelines.errors import MedallionError
 from pipelines.observability import multiprocess_dir
 from pipelines.settings import Settings
 from pipelines.sources.remote_write_server import Receiver, address_family, serve
+from pipelines.stopping import stop_on
 from pipelines.storage import TableStore, open_store
 from pipelines.tables import BRONZE_QUARANTINE, BRONZE_SAMPLES
 
@@ -93,19 +94,17 @@ def _store(settings: Settings) -> TableStore:
 def _serve_one(settings: Settings, host: str, port: int, index: int, ready: Any) -> None:
     """One receiver process (the target of a spawned child): serve until SIGTERM or SIGINT, or
     until the parent is gone (so a killed parent never leaves receivers holding the logs)."""
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    parent = multiprocessing.parent_process()
-    if parent is not None:
+    with stop_on(signal.SIGTERM, signal.SIGINT) as stop:
+        parent = multiprocessing.parent_process()
+        if parent is not None:
 
-        def watch_parent() -> None:
-            parent.join()
-            stop.set()
+            def watch_parent() -> None:
+                parent.join()
+                stop.set()
 
-        threading.Thread(target=watch_parent, name="parent-watch", daemon=True).start()
-    receiver = open_receiver(settings, _store(settings), index)
-    serve(receiver, host, port, settings.remote_write.workers, stop, lambda _: ready.put(index), reuse_port=True)
+            threading.Thread(target=watch_parent, name="parent-watch", daemon=True).start()
+        receiver = open_receiver(settings, _store(settings), index)
+        serve(receiver, host, port, settings.remote_write.workers, stop, lambda _: ready.put(index), reuse_port=True)
 
 
 def serve_processes(
