@@ -247,14 +247,7 @@ def gated_append(
     """``out`` appended to ``flow``'s target through its gate, in one pass where the suite allows
     (:func:`pipelines.quality.gate_in_write`). The new version."""
     gated = quality.gate_in_write(ctx, record, flow.targets[0].key, out, txn, **params)
-    try:
-        version = write(ctx, flow, gated.rows, txn, buckets)
-    except Exception as exc:
-        if quality.stopped_by_gate(exc):
-            gated.failed()
-        raise
-    gated.passed()
-    return version
+    return gated.write(lambda rows: write(ctx, flow, rows, txn, buckets))
 
 
 def run_incremental(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:

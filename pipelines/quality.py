@@ -15,7 +15,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,6 +36,8 @@ log = logging.getLogger("medallion")
 if TYPE_CHECKING:
     from expectations.core import Suite
     from expectations.runner import Validation
+
+T = TypeVar("T")
 
 
 class ExpectationFailed(MedallionError):
@@ -161,12 +163,26 @@ def gate(ctx: Context, record: RunRecord, table: str, df: DataFrame, txn: AppTxn
 
 @dataclass
 class WriteGate:
-    """A gate run by the write itself (:func:`gate_in_write`): write ``rows``, then :meth:`passed`."""
+    """A gate run by the write itself (:func:`gate_in_write`): :meth:`write` its ``rows``."""
 
     rows: DataFrame
     passed: Callable[[], None]
     #: Validates the batch as :func:`gate` does when the write failed on a row (raises why).
     failed: Callable[[], None]
+    #: Whether ``rows`` holds every row of the batch (no ``drop`` check removed any): then
+    #: figures counted over the batch before the gate hold for what is written.
+    kept_all: bool = True
+
+    def write(self, write: Callable[[DataFrame], T]) -> T:
+        """``write(rows)``, then the gate's results; a row that stopped the write raises why."""
+        try:
+            out = write(self.rows)
+        except Exception as exc:
+            if stopped_by_gate(exc):
+                self.failed()
+            raise
+        self.passed()
+        return out
 
 
 def gate_in_write(
@@ -189,7 +205,8 @@ def gate_in_write(
     suite = suite_for(ctx, table, **params).for_batches()
     checked = in_write(df, suite)
     if checked is None:
-        return WriteGate(gate(ctx, record, table, df, txn, **params), nothing, nothing)
+        kept = gate(ctx, record, table, df, txn, **params)
+        return WriteGate(kept, nothing, nothing, kept_all=kept is df)
 
     def passed() -> None:
         validation = checked.validation()
