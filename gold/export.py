@@ -169,8 +169,21 @@ def progress_of(batch: DataFrame) -> ExportProgress | None:
 def newest_event(rows: DataFrame, before: datetime | None) -> datetime | None:
     """The newest event time counted: ``before`` or the newest in ``rows``, whichever is later."""
     found = rows.agg(F.max("max_event_time")).first()
-    newest = found[0] if found else None
-    return max((t for t in (before, newest) if t is not None), default=None)
+    return _later(before, found[0] if found else None)
+
+
+def _later(*times: datetime | None) -> datetime | None:
+    return max((t for t in times if t is not None), default=None)
+
+
+def change_bounds(changes: DataFrame, width: timedelta, prev: ExportProgress) -> tuple[datetime | None, list[datetime]]:
+    """Gold's change feed since ``prev`` -> (the newest event time counted, as
+    :func:`newest_event`; the window starts of the keys :func:`changed_keys` finds late), in one
+    aggregation: one row, and a list bounded by the time the late data spans, not by its rows."""
+    late = F.col("_change_type").isin("insert", "update_postimage") & window_closed(width, None, prev.closed_through)
+    found = changes.agg(F.max("max_event_time"), F.collect_set(F.when(late, F.col(WINDOW_START)))).first()
+    newest, windows = (found[0], found[1]) if found else (None, [])
+    return _later(prev.newest_event, newest), sorted(windows)
 
 
 @dataclass(frozen=True)
@@ -270,12 +283,35 @@ class BatchFigures:
 
 def batch_figures(batch: DataFrame) -> BatchFigures:
     """An outbox batch -> its figures, in one aggregation (one row: figures, not rows)."""
-    found = batch.agg(
-        F.count(F.lit(1)),
-        F.coalesce(F.sum("count"), F.lit(0)),
-        F.coalesce(F.sum(F.col("correction").cast("long")), F.lit(0)),
+    return cut_figures(batch.withColumns({"_gated": F.lit(False), "_dropped": F.lit(False)})).sent
+
+
+@dataclass(frozen=True)
+class CutFigures:
+    """What a cut (rows to send, with the ``_gated`` and ``_dropped`` flags of :func:`differences`)
+    holds: its gated and dropped rows, and the figures of the rows it sends."""
+
+    gated: int
+    dropped: int
+    sent: BatchFigures
+
+
+def cut_figures(cut: DataFrame) -> CutFigures:
+    """A cut -> its figures, in one aggregation (one row: figures, not rows)."""
+    send = ~F.col("_gated") & ~F.col("_dropped")
+
+    def total(c: Column) -> Column:
+        return F.coalesce(F.sum(c.cast("long")), F.lit(0))
+
+    found = cut.agg(
+        total(F.col("_gated")),
+        total(F.col("_dropped")),
+        total(send),
+        total(F.when(send, F.col("count"))),
+        total(send & F.col("correction")),
     ).first()
-    return BatchFigures(*(int(v) for v in found)) if found else BatchFigures(0, 0, 0)
+    gated, dropped, *sent = (int(v) for v in found) if found else (0,) * 5
+    return CutFigures(gated, dropped, BatchFigures(*sent))
 
 
 EXPORTED_ON = " AND ".join(f"t.{c} = s.{c}" for c in EXPORT_COLUMNS[:-1])

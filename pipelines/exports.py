@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 from pyspark.sql import DataFrame
 
+from pipelines import quality
 from pipelines.eventlog import RunRecord
-from pipelines.incremental import FlowRecord, configured, gate_rows
+from pipelines.incremental import FlowRecord, configured
 from pipelines.runner import Context, Increment, append_once, pending, run_job
 from pipelines.storage import AppTxn, Predicate, TableSpec, TableStore
 
@@ -90,8 +91,9 @@ class ExportRun:
     tables: DeclaredTables
     #: Treat every window as closed (the end of a backfill).
     drain: bool
-    #: The rows of a frame that a table's (or dataset's) suite lets through, for the write ``txn``.
-    gate: Callable[[str, DataFrame, AppTxn], DataFrame]
+    #: The gate of a frame written under ``txn`` by a table's (or dataset's) suite, checked by
+    #: the write where the suite allows (:func:`pipelines.quality.gate_in_write`).
+    gate: Callable[[str, DataFrame, AppTxn], quality.WriteGate]
 
 
 def run_export(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
@@ -109,7 +111,7 @@ def run_export(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
         run = ExportRun(
             DeclaredTables(ctx.store, flow.name, declared),
             options.drain,
-            lambda table, df, txn: gate_rows(ctx, record, table, df, txn, {}),
+            lambda table, df, txn: quality.gate_in_write(ctx, record, table, df, txn),
         )
         try:
             code(run, config, figures)

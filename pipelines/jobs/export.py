@@ -25,7 +25,9 @@ from gold.export import (
     BatchFigures,
     ExportProgress,
     batch_figures,
+    change_bounds,
     changed_keys,
+    cut_figures,
     export_batch,
     export_bounds,
     exported_rows,
@@ -184,13 +186,12 @@ class PropertyValuesExport:
             exported = self.tables.read(GOLD_EXPORTED)
         else:
             # Only what changed: the windows closed since the last batch, and the tuples of
-            # windows closed before it that gold's change feed shows late counts for.
+            # windows closed before it that gold's change feed shows late counts for. One pass
+            # over the changes finds the newest event and the late tuples' windows, to read only
+            # their part of gold and of what was exported.
             changes = cache(self.tables.read_changes(GOLD_PROPERTY_VALUES, prev.gold_version + 1, version))
-            newest = newest_event(changes, prev.newest_event)
-            late = cache(changes.transform(changed_keys(g.window, prev.closed_through)))
-            # The late tuples' windows, to read only their part of gold and of what was exported:
-            # a list of window starts, bounded by the time the late data spans, not by its rows.
-            windows = [r[0] for r in late.select(WINDOW_START).distinct().collect()]
+            newest, windows = change_bounds(changes, g.window, prev)
+            late = changes.transform(changed_keys(g.window, prev.closed_through))
             exported = self.tables.read(GOLD_EXPORTED).where(F.col(WINDOW_START).isin(windows))
         if newest is None:
             return "gold is empty"
@@ -213,19 +214,13 @@ class PropertyValuesExport:
                 )
             )
         whole = cache(cut)
-        # Two figures over the batch in one pass.
-        flags = whole.agg(
-            F.coalesce(F.sum(F.col("_gated").cast("long")), F.lit(0)),
-            F.coalesce(F.sum(F.col("_dropped").cast("long")), F.lit(0)),
-        ).first()
-        gated, dropped = (int(flags[0]), int(flags[1])) if flags else (0, 0)
+        figures = cut_figures(whole)  # the flags and what is sent, in one pass that fills the cache
+        if prev is not None:  # the cut is all it needs from here on
+            self.record.release(changes)
         sendable = whole.where("NOT _gated AND NOT _dropped").drop("_gated", "_dropped")
-        to_send = self.run.gate(EXPORT_DATASET, sendable, AppTxn(APP, seq))
-        # A view of the cached batch, not cached again: its figures in one pass over the cache.
-        rows = to_send.transform(outbox_rows(seq, version, newest, bounds.through))
-        if prev is not None:  # the batch's rows are all it needs from here on
-            self.record.release(changes, late)
-        return Batch(rows, batch_figures(rows), gated, dropped, bounds.closed_before, version)
+        # A view of the cached batch, not cached again: the gate checks it as the outbox write reads it.
+        rows = sendable.transform(outbox_rows(seq, version, newest, bounds.through))
+        return Batch(rows, figures.sent, figures.gated, figures.dropped, bounds.closed_before, version)
 
 
 def property_values(run: ExportRun, config: ExportConfig, record: FlowRecord) -> None:
@@ -252,8 +247,11 @@ def property_values(run: ExportRun, config: ExportConfig, record: FlowRecord) ->
         gated = f" ({batch.gated:,} gated)" if batch.gated else ""
         record.noop("no closed window has counts to export" + gated)
         return
-    outbox_version = tables.append(EXPORT_OUTBOX, batch.rows, [AppTxn(FILES_APP, seq)])
-    sent = export.deliver(seq, batch.rows, batch.figures, outbox_version)
+    gate = run.gate(EXPORT_DATASET, batch.rows, AppTxn(APP, seq))
+    outbox_version = gate.write(lambda rows: tables.append(EXPORT_OUTBOX, rows, [AppTxn(FILES_APP, seq)]))
+    # A gate's drop check may have kept fewer rows than the batch counted: count what it kept.
+    figures = batch.figures if gate.kept_all else batch_figures(gate.rows)
+    sent = export.deliver(seq, gate.rows, figures, outbox_version)
     record.rows(sent, sent)
     record.say(
         f"export: batch {seq}: {sent:,} rows to ClickHouse {clickhouse.PROPERTY_VALUES_TABLE} "

@@ -1,6 +1,7 @@
-"""A gate checked by the write itself (silver.events: row-level checks, no drop): one pass over
-the batch counts the failing rows, and a row failing a ``fail`` check stops the write before its
-commit, on both engines. Expected results are written by hand from the three rows."""
+"""A gate checked by the write itself (silver.events and the export's outbox: row-level checks,
+no drop): one pass over the batch counts the failing rows, and a row failing a ``fail`` check stops
+the write before its commit, on both engines. Expected results are written by hand from the three
+rows."""
 
 from __future__ import annotations
 
@@ -16,11 +17,11 @@ from pyspark.sql.types import IntegerType
 from pipelines.eventlog import RunRecord
 from pipelines.flows import flow
 from pipelines.incremental import gated_append
-from pipelines.quality import ExpectationFailed
+from pipelines.quality import ExpectationFailed, gate_in_write
 from pipelines.runner import Context
 from pipelines.settings import Settings
 from pipelines.storage import AppTxn, open_store
-from pipelines.tables import SILVER_EVENTS
+from pipelines.tables import EXPORT_OUTBOX, SILVER_EVENTS
 
 TXN = AppTxn("medallion/silver.events<-bronze/events", 1)
 T = datetime(2024, 6, 1)
@@ -119,3 +120,57 @@ def test_a_batch_spark_knows_is_empty_is_counted_without_the_write_s_figures(
     gated_append(ctx, record, flow("silver.events"), empty, TXN, None, {})
     assert ctx.store.read(SILVER_EVENTS).count() == 0 and ctx.store.txn_version(SILVER_EVENTS, TXN.app_id) == 1
     assert outcomes(record) == {name: ("passed", 0, 0) for name in PASSED_ON_3}
+
+
+# -- the export's gate, checked by its outbox write --------------------------------------------------
+EXPORT_TXN = AppTxn("medallion/export.clickhouse<-gold/property_values", 1)
+EXPORT_PASSED_ON_3 = {
+    "team_id_not_null": ("passed", 3, 0),
+    "property_type_not_null": ("passed", 3, 0),
+    "property_key_not_null": ("passed", 3, 0),
+    "window_start_not_null": ("passed", 3, 0),
+    "count_positive": ("passed", 3, 0),
+}
+
+
+def outbox_rows(spark: SparkSession, counts: list[int]) -> DataFrame:
+    return spark.createDataFrame(
+        [(1, 2, "event", "k", f"v{i}", T, n, n, False, 5, T, T) for i, n in enumerate(counts)], EXPORT_OUTBOX.schema
+    )
+
+
+def test_the_export_outbox_write_checks_its_gate_in_the_same_pass(
+    spark: SparkSession, engine_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    # The suite's two checks on figures (ClickHouse against the exported state) are table checks,
+    # run by `medallion validate`: a batch gate has no figures, and they do not keep it from the write.
+    calls = spark.sparkContext.accumulator(0)
+
+    def count_of(n: int) -> int:
+        calls.add(1)
+        return n
+
+    rows = outbox_rows(spark, [1, 4, 2]).withColumn("count", F.udf(count_of, "long")("count"))
+    ctx = context(spark, engine_settings, tmp_path / "lake")
+    ctx.store.ensure(EXPORT_OUTBOX)
+    record = RunRecord("export.clickhouse")
+    gate = gate_in_write(ctx, record, "clickhouse/property_values", rows, EXPORT_TXN)
+    gate.write(lambda rows: ctx.store.append(EXPORT_OUTBOX, rows, [EXPORT_TXN]))
+    assert sorted(r["count"] for r in ctx.store.read(EXPORT_OUTBOX).collect()) == [1, 2, 4]
+    assert calls.value == 3 and gate.kept_all
+    assert outcomes(record) == EXPORT_PASSED_ON_3
+
+
+def test_an_export_row_failing_a_fail_check_stops_the_outbox_write_before_its_commit(
+    spark: SparkSession, engine_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    ctx = context(spark, engine_settings, tmp_path / "lake")
+    ctx.store.ensure(EXPORT_OUTBOX)
+    record = RunRecord("export.clickhouse")
+    gate = gate_in_write(ctx, record, "clickhouse/property_values", outbox_rows(spark, [1, 0, 2]), EXPORT_TXN)
+    with pytest.raises(ExpectationFailed, match=r"count_positive .* failed: 1 of 3 rows"):
+        gate.write(lambda rows: ctx.store.append(EXPORT_OUTBOX, rows, [EXPORT_TXN]))
+    assert (
+        ctx.store.read(EXPORT_OUTBOX).count() == 0 and ctx.store.txn_version(EXPORT_OUTBOX, EXPORT_TXN.app_id) is None
+    )
+    assert outcomes(record) == {**EXPORT_PASSED_ON_3, "count_positive": ("failed", 3, 1)}
