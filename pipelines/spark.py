@@ -12,12 +12,14 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
 
 from pipelines.errors import EngineUnavailableError, JavaNotFoundError
 from pipelines.settings import Settings
@@ -212,3 +214,20 @@ def session_confs(spark: SparkSession, confs: Mapping[str, str]) -> Iterator[Non
 def interpreted(spark: SparkSession) -> AbstractContextManager[None]:
     """Queries run interpreted in a block (``spark.generated_code: false``)."""
     return session_confs(spark, INTERPRETED)
+
+
+def counted_as_read(df: DataFrame) -> tuple[DataFrame, Callable[[], int]]:
+    """``df`` counting its rows as the first action that reads it runs (``DataFrame.observe``),
+    and how to get the count once such an action has run: no pass of its own. (Asked before, it
+    waits for one.) Where the action did not run the observed plan (Spark knew the frame empty),
+    the count is a query of its own."""
+    observed = Observation(f"rows_{uuid.uuid4().hex}")
+    counted = df.observe(observed, F.count(F.lit(1)).alias("rows"))
+
+    def rows() -> int:
+        try:
+            return int(observed.get["rows"])
+        except Exception:  # Spark's error for an observation the action did not run
+            return df.count()
+
+    return counted, rows

@@ -22,6 +22,7 @@ from gold.property_values import (
 from pipelines.incremental import Batch, FlowRecord, MergeRules
 from pipelines.layer_config import fanout_rules, team_filter
 from pipelines.settings import Settings
+from pipelines.spark import counted_as_read
 from pipelines.tables import GOLD_PARTIALS, GOLD_PROPERTY_VALUES
 
 
@@ -52,14 +53,15 @@ def partials(batch: Batch, config: GoldConfig, record: FlowRecord) -> DataFrame:
     One aggregation gives the partials and the skip figures; the fan-out rows themselves are never
     kept. The time is a literal so every read of the batch sees the same one.
     """
-    events = counted_teams(config.teams, batch.rows, record, "filtered_teams.events")
+    events, n_events_read = counted_as_read(counted_teams(config.teams, batch.rows, record, "filtered_teams.events"))
     counts = record.cache(events.transform(fan_out(config.rules)).transform(tuple_counts(config.window)))
-    # At most one row per skip reason (eight) plus "counted": figures, not rows.
+    # At most one row per skip reason (eight) plus "counted": figures, not rows. The pass that
+    # fills the cache counts the events as it reads them.
     reasons = {r["reason"]: int(r["count"]) for r in skip_counts(counts).collect()}
     counted = reasons.pop("counted", 0)
     # No tuple (a batch all filtered out or without properties): no sum to hold the batch against.
     record.gate_params["tuples"] = counted or None
-    n_events = events.count()
+    n_events = n_events_read()
     record.rows(rows_in=n_events)
     record.add(input_events=n_events, tuples=counted, **{f"skipped.{k}": v for k, v in reasons.items()})
     return counts.transform(counted_partials(F.lit(datetime.now(UTC))))

@@ -4,10 +4,11 @@ from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from pipelines.errors import EngineUnavailableError, JavaNotFoundError
 from pipelines.settings import load_settings
-from pipelines.spark import check_java, spark_confs
+from pipelines.spark import check_java, counted_as_read, spark_confs
 
 
 def test_missing_java_says_what_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -109,3 +110,27 @@ def test_interpreted_sets_its_confs_for_a_block_and_puts_the_sessions_own_back(s
     finally:
         spark.conf.set("spark.sql.codegen.wholeStage", "false")
         spark.conf.set("spark.sql.codegen.factoryMode", "NO_CODEGEN")
+
+
+def test_rows_are_counted_by_the_action_that_reads_them_through_a_cache(spark: SparkSession) -> None:
+    # Each row's value comes from a Python function that counts its calls: a count of its own
+    # would read the 10 rows again (20 calls).
+    calls = spark.sparkContext.accumulator(0)
+
+    def seen(v: int) -> int:
+        calls.add(1)
+        return v
+
+    rows = spark.range(10).withColumn("k", F.udf(seen, "long")(F.col("id") % 3))
+    counted, n = counted_as_read(rows)
+    fanned = counted.withColumn("x", F.explode(F.array("k", "k"))).groupBy("x").count().cache()
+    try:
+        assert sorted(tuple(r) for r in fanned.collect()) == [(0, 8), (1, 6), (2, 6)]
+        assert n() == 10 and calls.value == 10
+    finally:
+        fanned.unpersist()
+
+
+def test_rows_of_a_frame_spark_knows_is_empty_are_counted_by_a_query_of_their_own(spark: SparkSession) -> None:
+    empty, n = counted_as_read(spark.createDataFrame([], "id long"))  # the action runs no observed plan
+    assert empty.collect() == [] and n() == 0
