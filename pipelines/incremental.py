@@ -26,13 +26,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from pipelines import quality
 from pipelines.eventlog import RunRecord
 from pipelines.layer_config import bucket_mapping
 from pipelines.runner import Context, Increment, after, app_id, check_split, pending, run_job, task_name
+from pipelines.spark import observed_as_read
 from pipelines.storage import AppTxn, Predicate, TableSpec, TableStore
 
 if TYPE_CHECKING:
@@ -165,6 +166,7 @@ class FlowRecord:
     _cached: list[DataFrame] = field(default_factory=list)
     #: Parameters the target's suite takes from this batch (its gate's ``**params``).
     gate_params: dict[str, Any] = field(default_factory=dict)
+    _observed: dict[str, Callable[[], dict[str, Any]]] = field(default_factory=dict)
 
     def incr(self, **figures: float | int) -> None:
         self._record.incr(**figures)
@@ -194,6 +196,17 @@ class FlowRecord:
 
     def say(self, message: str) -> None:
         self._say(message)
+
+    def observe(self, name: str, df: DataFrame, **figures: Column) -> DataFrame:
+        """``df`` computing the aggregates ``figures`` as the write reads it, for the flow's
+        figures to take by ``name`` after the write (:meth:`observed`): no pass of their own."""
+        out, self._observed[name] = observed_as_read(df, **figures)
+        return out
+
+    def observed(self, name: str) -> dict[str, Any] | None:
+        """The figures :meth:`observe` named ``name`` (None when this run observed none by it)."""
+        values = self._observed.get(name)
+        return values() if values is not None else None
 
     def gate(self, table: str, df: DataFrame) -> DataFrame:
         """The rows of ``df`` that ``table``'s quality suite lets through (for a flow whose gated

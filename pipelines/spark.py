@@ -17,8 +17,9 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import Any
 
-from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.errors import EngineUnavailableError, JavaNotFoundError
@@ -216,18 +217,25 @@ def interpreted(spark: SparkSession) -> AbstractContextManager[None]:
     return session_confs(spark, INTERPRETED)
 
 
-def counted_as_read(df: DataFrame) -> tuple[DataFrame, Callable[[], int]]:
-    """``df`` counting its rows as the first action that reads it runs (``DataFrame.observe``),
-    and how to get the count once such an action has run: no pass of its own. (Asked before, it
-    waits for one.) Where the action did not run the observed plan (Spark knew the frame empty),
-    the count is a query of its own."""
-    observed = Observation(f"rows_{uuid.uuid4().hex}")
-    counted = df.observe(observed, F.count(F.lit(1)).alias("rows"))
+def observed_as_read(df: DataFrame, **figures: Column) -> tuple[DataFrame, Callable[[], dict[str, Any]]]:
+    """``df`` computing the aggregates ``figures`` as the first action that reads it runs
+    (``DataFrame.observe``), and how to get them, by name, once such an action has run: no pass of
+    their own. (Asked before, it waits for one.) Where the action did not run the observed plan
+    (Spark knew the frame empty), they are a query of their own."""
+    observed = Observation(f"figures_{uuid.uuid4().hex}")
+    named = [column.alias(name) for name, column in figures.items()]
 
-    def rows() -> int:
+    def values() -> dict[str, Any]:
         try:
-            return int(observed.get["rows"])
+            return dict(observed.get)
         except Exception:  # Spark's error for an observation the action did not run
-            return df.count()
+            row = df.agg(*named).first()  # one row: figures, not rows
+            return row.asDict() if row else {}
 
-    return counted, rows
+    return df.observe(observed, *named), values
+
+
+def counted_as_read(df: DataFrame) -> tuple[DataFrame, Callable[[], int]]:
+    """``df`` counting its rows as the first action that reads it runs (:func:`observed_as_read`)."""
+    counted, values = observed_as_read(df, rows=F.count(F.lit(1)))
+    return counted, lambda: int(values()["rows"])

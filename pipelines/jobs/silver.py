@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from pipelines.incremental import Batch, FlowRecord, StateBatch, StateRules, StateStep
@@ -55,7 +55,28 @@ def events(batch: Batch, config: SilverConfig, record: FlowRecord) -> DataFrame:
     rows = batch.rows.transform(assign_buckets(config.mapping)).transform(in_buckets(batch.buckets))
     if config.horizon:
         rows = rows.transform(without_repeats(batch, config.horizon, record))
-    return rows.transform(to_silver_events(config.mapping))
+    out = rows.transform(to_silver_events(config.mapping))
+    buckets = batch.buckets or range(config.mapping.count)
+    if len(buckets) > OBSERVED_BUCKETS:  # a figure per bucket is a query of its own (events_figures)
+        return out
+    return record.observe(BUCKET_FIGURES, out, **bucket_figures(buckets))
+
+
+#: Per-bucket figures are computed by the write for runs over at most this many buckets (two
+#: aggregates per bucket); a run over more counts them in a query after the write.
+OBSERVED_BUCKETS = 64
+BUCKET_FIGURES = "buckets"
+
+
+def bucket_figures(buckets: Iterable[int]) -> dict[str, Column]:
+    """The events of each bucket and the newest event time among them, as aggregates named
+    ``n<bucket>`` and ``t<bucket>``."""
+    figures = {}
+    for b in buckets:
+        mine = F.col("bucket") == F.lit(b)
+        figures[f"n{b}"] = F.count_if(mine)
+        figures[f"t{b}"] = F.max(F.when(mine, F.col("event_time")))
+    return figures
 
 
 #: Suspect identities up to this many are broadcast to the anti-join that lets every other row by.
@@ -99,8 +120,16 @@ def without_repeats(batch: Batch, horizon: timedelta, record: FlowRecord) -> Cal
 
 
 def events_figures(out: DataFrame, config: SilverConfig, record: FlowRecord) -> None:
-    # One row per bucket: the batch's figures, not its rows.
-    per_bucket = out.groupBy("bucket").agg(F.count(F.lit(1)).alias("n"), F.max("event_time").alias("t")).collect()
+    observed = record.observed(BUCKET_FIGURES)
+    if observed is not None:  # counted by the write
+        buckets = sorted(int(k[1:]) for k in observed if k.startswith("n"))
+        per_bucket = [{"bucket": b, "n": observed[f"n{b}"], "t": observed[f"t{b}"]} for b in buckets]
+        per_bucket = [r for r in per_bucket if r["n"]]
+    else:  # one row per bucket: the batch's figures, not its rows
+        per_bucket = [
+            r.asDict()
+            for r in out.groupBy("bucket").agg(F.count(F.lit(1)).alias("n"), F.max("event_time").alias("t")).collect()
+        ]
     n_out = sum(int(r["n"]) for r in per_bucket)
     n_in = int(record.figure("input_events")) if config.horizon else n_out
     record.rows(n_in, n_out)

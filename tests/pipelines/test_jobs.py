@@ -16,6 +16,7 @@ from pyspark.sql import SparkSession
 from pipelines import jobs
 from pipelines.errors import InputError
 from pipelines.eventlog import PIPELINE_EVENTS
+from pipelines.jobs import silver as silver_jobs
 from pipelines.runner import Context
 from pipelines.settings import Settings
 from pipelines.storage import TableSpec, TableStore, open_store
@@ -142,6 +143,22 @@ def test_buckets_run_as_separate_tasks_and_together_cover_every_event(ctx: Conte
     assert low_buckets and low_buckets <= {0, 1, 2, 3} and high_buckets and high_buckets <= {4, 5, 6, 7}
     assert any(k.endswith(".lag_seconds") for k in low.metrics)
     assert jobs.silver_events(ctx, [0, 1, 2, 3]).status == "noop"
+
+
+@pytest.mark.parametrize("counted", ["by the write", "after the write"])
+def test_bucket_figures_are_the_events_written_to_each_bucket(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, counted: str
+) -> None:
+    if counted == "after the write":  # a run over more buckets than the write computes figures for
+        monkeypatch.setattr(silver_jobs, "OBSERVED_BUCKETS", 0)
+    jobs.ingest_files(ctx, "events", [write_events(tmp_path / f"t{team}.jsonl", team, team) for team in range(1, 9)])
+    record = jobs.silver_events(ctx)
+    written = {r["bucket"]: r["count"] for r in ctx.store.read(SILVER_EVENTS).groupBy("bucket").count().collect()}
+    figures = {
+        int(k.split(".")[1]): v for k, v in record.metrics.items() if k.startswith("bucket.") and k.endswith(".events")
+    }
+    assert sum(written.values()) == 36 and figures == written and record.rows_out == 36
+    assert {int(k.split(".")[1]) for k in record.metrics if k.endswith(".lag_seconds")} == set(written)
 
 
 def test_a_run_over_buckets_overlapping_another_split_is_refused_not_counted_twice(
