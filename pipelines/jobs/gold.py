@@ -87,15 +87,19 @@ def merged(batch: Batch, config: GoldConfig, record: FlowRecord) -> DataFrame:
     not merged while it is, and never later: a team added back resumes from what it had.
     """
     parts = counted_teams(config.teams, batch.rows, record, "filtered_teams.partial_rows")
-    if not batch.kept:  # kept partials are a view of stage 1's cached counts already
-        parts = record.cache(parts)
-    n_parts = parts.count()
-    record.rows(rows_in=n_parts)
-    record.add(partial_rows=n_parts)
+    # Read once, by the pass that fills the cache of the MERGE source, which counts them too.
+    parts = record.observe(PARTIAL_ROWS, parts, rows=F.count(F.lit(1)))
     return record.cache(parts.transform(merge_source()))
 
 
+PARTIAL_ROWS = "partial_rows"
+
+
 def merged_figures(out: DataFrame, config: GoldConfig, record: FlowRecord) -> None:
+    observed = record.observed(PARTIAL_ROWS)
+    n_parts = int(observed["rows"]) if observed else 0
+    record.rows(rows_in=n_parts)
+    record.add(partial_rows=n_parts)
     n = record.gated_rows(GOLD_PROPERTY_VALUES.key)
     if n is None:  # no gate counted them
         n = out.count()
