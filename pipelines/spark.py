@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -227,12 +228,30 @@ def observed_as_read(df: DataFrame, **figures: Column) -> tuple[DataFrame, Calla
 
     def values() -> dict[str, Any]:
         try:
-            return dict(observed.get)
+            if _given(observed):
+                return dict(observed.get)
         except Exception:  # Spark's error for an observation the action did not run
-            row = df.agg(*named).first()  # one row: figures, not rows
-            return row.asDict() if row else {}
+            pass
+        row = df.agg(*named).first()  # one row: figures, not rows
+        return row.asDict() if row else {}
 
     return df.observe(observed, *named), values
+
+
+def _given(observed: Observation, wait: float = 2.0) -> bool:
+    """Whether an action gave ``observed`` its figures. A classic session's ``get`` waits for one
+    without end (a plan run only inside another engine's query, such as a Delta MERGE, may never
+    give them), so its JVM future is asked first, for up to ``wait`` seconds (the figures arrive
+    with the action's end). Spark Connect's ``get`` raises instead."""
+    jo = getattr(observed, "_jo", None)
+    if jo is None:
+        return True
+    deadline = time.monotonic() + wait
+    while not jo.future().isCompleted():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def counted_as_read(df: DataFrame) -> tuple[DataFrame, Callable[[], int]]:

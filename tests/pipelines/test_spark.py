@@ -134,3 +134,8 @@ def test_rows_are_counted_by_the_action_that_reads_them_through_a_cache(spark: S
 def test_rows_of_a_frame_spark_knows_is_empty_are_counted_by_a_query_of_their_own(spark: SparkSession) -> None:
     empty, n = counted_as_read(spark.createDataFrame([], "id long"))  # the action runs no observed plan
     assert empty.collect() == [] and n() == 0
+
+
+def test_rows_no_action_read_are_counted_by_a_query_of_their_own_not_waited_for(spark: SparkSession) -> None:
+    _, n = counted_as_read(spark.range(7))  # Spark's own get() would wait for an action without end
+    assert n() == 7
