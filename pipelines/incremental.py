@@ -198,15 +198,16 @@ class FlowRecord:
         self._say(message)
 
     def observe(self, name: str, df: DataFrame, **figures: Column) -> DataFrame:
-        """``df`` computing the aggregates ``figures`` as the write reads it, for the flow's
-        figures to take by ``name`` after the write (:meth:`observed`): no pass of their own."""
+        """``df`` computing the aggregates ``figures`` as the first action that reads it runs (the
+        write, or a pass that fills a cache), to take by ``name`` after it (:meth:`observed`): no
+        pass of their own."""
         out, self._observed[name] = observed_as_read(df, **figures)
         return out
 
-    def observed(self, name: str) -> dict[str, Any] | None:
-        """The figures :meth:`observe` named ``name`` (None when this run observed none by it)."""
+    def observed(self, name: str) -> dict[str, Any]:
+        """The figures :meth:`observe` named ``name`` (none when this run observed none by it)."""
         values = self._observed.get(name)
-        return values() if values is not None else None
+        return values() if values is not None else {}
 
     def gate(self, table: str, df: DataFrame) -> DataFrame:
         """The rows of ``df`` that ``table``'s quality suite lets through (for a flow whose gated

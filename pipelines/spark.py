@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
-from pyspark.sql import functions as F
 
 from pipelines.errors import EngineUnavailableError, JavaNotFoundError
 from pipelines.settings import Settings
@@ -252,9 +251,3 @@ def _given(observed: Observation, wait: float = 2.0) -> bool:
             return False
         time.sleep(0.01)
     return True
-
-
-def counted_as_read(df: DataFrame) -> tuple[DataFrame, Callable[[], int]]:
-    """``df`` counting its rows as the first action that reads it runs (:func:`observed_as_read`)."""
-    counted, values = observed_as_read(df, rows=F.count(F.lit(1)))
-    return counted, lambda: int(values()["rows"])

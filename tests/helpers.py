@@ -17,7 +17,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
-from pyspark.sql import DataFrame, SparkSession
+from pyspark import Accumulator
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from bronze.landing import LANDING_SCHEMA
@@ -233,3 +234,15 @@ def run_medallion(
         cwd=cwd,
         timeout=180,
     )
+
+
+def counting_reads(spark: SparkSession, column: Column, kind: str) -> tuple[Column, Accumulator[int]]:
+    """``column`` through a Python function that counts its calls: how many rows the queries that
+    read it computed (a second pass over the rows doubles the count)."""
+    calls = spark.sparkContext.accumulator(0)
+
+    def same(value: object) -> object:
+        calls.add(1)
+        return value
+
+    return F.udf(same, kind)(column), calls

@@ -22,7 +22,6 @@ from gold.property_values import (
 from pipelines.incremental import Batch, FlowRecord, MergeRules
 from pipelines.layer_config import fanout_rules, team_filter
 from pipelines.settings import Settings
-from pipelines.spark import counted_as_read
 from pipelines.tables import GOLD_PARTIALS, GOLD_PROPERTY_VALUES
 
 
@@ -47,13 +46,17 @@ def counted_teams(teams: TeamFilter, rows: DataFrame, record: FlowRecord, metric
     return teams.counted(rows)
 
 
+INPUT_EVENTS = "input_events"
+
+
 def partials(batch: Batch, config: GoldConfig, record: FlowRecord) -> DataFrame:
     """Stage 1: new silver events -> partial tuple counts per window and source batch.
 
     One aggregation gives the partials and the skip figures; the fan-out rows themselves are never
     kept. The time is a literal so every read of the batch sees the same one.
     """
-    events, n_events_read = counted_as_read(counted_teams(config.teams, batch.rows, record, "filtered_teams.events"))
+    events = counted_teams(config.teams, batch.rows, record, "filtered_teams.events")
+    events = record.observe(INPUT_EVENTS, events, rows=F.count(F.lit(1)))
     counts = record.cache(events.transform(fan_out(config.rules)).transform(tuple_counts(config.window)))
     # At most one row per skip reason (eight) plus "counted": figures, not rows. The pass that
     # fills the cache counts the events as it reads them.
@@ -61,7 +64,7 @@ def partials(batch: Batch, config: GoldConfig, record: FlowRecord) -> DataFrame:
     counted = reasons.pop("counted", 0)
     # No tuple (a batch all filtered out or without properties): no sum to hold the batch against.
     record.gate_params["tuples"] = counted or None
-    n_events = n_events_read()
+    n_events = int(record.observed(INPUT_EVENTS)["rows"])
     record.rows(rows_in=n_events)
     record.add(input_events=n_events, tuples=counted, **{f"skipped.{k}": v for k, v in reasons.items()})
     return counts.transform(counted_partials(F.lit(datetime.now(UTC))))
@@ -96,8 +99,7 @@ PARTIAL_ROWS = "partial_rows"
 
 
 def merged_figures(out: DataFrame, config: GoldConfig, record: FlowRecord) -> None:
-    observed = record.observed(PARTIAL_ROWS)
-    n_parts = int(observed["rows"]) if observed else 0
+    n_parts = int(record.observed(PARTIAL_ROWS)["rows"])
     record.rows(rows_in=n_parts)
     record.add(partial_rows=n_parts)
     n = record.gated_rows(GOLD_PROPERTY_VALUES.key)

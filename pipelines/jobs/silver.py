@@ -121,7 +121,7 @@ def without_repeats(batch: Batch, horizon: timedelta, record: FlowRecord) -> Cal
 
 def events_figures(out: DataFrame, config: SilverConfig, record: FlowRecord) -> None:
     observed = record.observed(BUCKET_FIGURES)
-    if observed is not None:  # counted by the write
+    if observed:  # counted by the write
         buckets = sorted(int(k[1:]) for k in observed if k.startswith("n"))
         per_bucket = [{"bucket": b, "n": observed[f"n{b}"], "t": observed[f"t{b}"]} for b in buckets]
         per_bucket = [r for r in per_bucket if r["n"]]

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import IntegerType
 
 from pipelines.eventlog import RunRecord
 from pipelines.flows import flow
@@ -22,6 +21,7 @@ from pipelines.runner import Context
 from pipelines.settings import Settings
 from pipelines.storage import AppTxn, open_store
 from pipelines.tables import EXPORT_OUTBOX, SILVER_EVENTS
+from tests.helpers import counting_reads
 
 TXN = AppTxn("medallion/silver.events<-bronze/events", 1)
 T = datetime(2024, 6, 1)
@@ -71,14 +71,8 @@ def test_the_gate_and_the_write_read_the_batch_once(
 ) -> None:
     # Each row's bucket comes from a Python function that counts its calls: a gate with a pass of
     # its own before the write would make 6 calls for these 3 rows.
-    calls = spark.sparkContext.accumulator(0)
-
-    def bucket_of(b: int) -> int:
-        calls.add(1)
-        return b
-
-    counted = F.udf(bucket_of, IntegerType())
-    rows = silver_rows(spark, [0, 7, 3]).withColumn("bucket", counted("bucket"))
+    bucket, calls = counting_reads(spark, F.col("bucket"), "int")
+    rows = silver_rows(spark, [0, 7, 3]).withColumn("bucket", bucket)
     ctx = context(spark, engine_settings, tmp_path / "lake")
     record = RunRecord("silver.events")
     gated_append(ctx, record, flow("silver.events"), rows, TXN, None, {})
@@ -144,13 +138,8 @@ def test_the_export_outbox_write_checks_its_gate_in_the_same_pass(
 ) -> None:
     # The suite's two checks on figures (ClickHouse against the exported state) are table checks,
     # run by `medallion validate`: a batch gate has no figures, and they do not keep it from the write.
-    calls = spark.sparkContext.accumulator(0)
-
-    def count_of(n: int) -> int:
-        calls.add(1)
-        return n
-
-    rows = outbox_rows(spark, [1, 4, 2]).withColumn("count", F.udf(count_of, "long")("count"))
+    count, calls = counting_reads(spark, F.col("count"), "long")
+    rows = outbox_rows(spark, [1, 4, 2]).withColumn("count", count)
     ctx = context(spark, engine_settings, tmp_path / "lake")
     ctx.store.ensure(EXPORT_OUTBOX)
     record = RunRecord("export.clickhouse")

@@ -1,14 +1,16 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.errors import EngineUnavailableError, JavaNotFoundError
 from pipelines.settings import load_settings
-from pipelines.spark import check_java, counted_as_read, spark_confs
+from pipelines.spark import check_java, observed_as_read, spark_confs
+from tests.helpers import counting_reads
 
 
 def test_missing_java_says_what_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -112,17 +114,15 @@ def test_interpreted_sets_its_confs_for_a_block_and_puts_the_sessions_own_back(s
         spark.conf.set("spark.sql.codegen.factoryMode", "NO_CODEGEN")
 
 
+def counted_as_read(df: DataFrame) -> tuple[DataFrame, Callable[[], int]]:
+    counted, values = observed_as_read(df, rows=F.count(F.lit(1)))
+    return counted, lambda: int(values()["rows"])
+
+
 def test_rows_are_counted_by_the_action_that_reads_them_through_a_cache(spark: SparkSession) -> None:
-    # Each row's value comes from a Python function that counts its calls: a count of its own
-    # would read the 10 rows again (20 calls).
-    calls = spark.sparkContext.accumulator(0)
-
-    def seen(v: int) -> int:
-        calls.add(1)
-        return v
-
-    rows = spark.range(10).withColumn("k", F.udf(seen, "long")(F.col("id") % 3))
-    counted, n = counted_as_read(rows)
+    # A count of its own would read the 10 rows again (20 calls).
+    k, calls = counting_reads(spark, F.col("id") % 3, "long")
+    counted, n = counted_as_read(spark.range(10).withColumn("k", k))
     fanned = counted.withColumn("x", F.explode(F.array("k", "k"))).groupBy("x").count().cache()
     try:
         assert sorted(tuple(r) for r in fanned.collect()) == [(0, 8), (1, 6), (2, 6)]
