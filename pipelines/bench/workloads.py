@@ -42,12 +42,17 @@ class Size:
 
 
 SIZES = {
+    # A tenth of S: checks that every stage of the bench runs and writes its figures (the suite's
+    # smoke test). Its figures are fixed costs, not throughput, and no scaling figure uses it.
+    "XS": Size("XS", events=2_000, page_changes=600, series=200, samples_per_series=20, kafka_messages=1_000),
     "S": Size("S", events=20_000, page_changes=6_000, series=2_000, samples_per_series=20, kafka_messages=10_000),
     "M": Size("M", events=200_000, page_changes=60_000, series=20_000, samples_per_series=20, kafka_messages=100_000),
     "L": Size(
         "L", events=2_000_000, page_changes=600_000, series=200_000, samples_per_series=20, kafka_messages=1_000_000
     ),
 }
+#: The sizes whose figures are compared for scaling (XS is for checking the bench itself).
+SCALED_SIZES = ("S", "M", "L")
 PODS = (1, 4, 12)
 SERIES_PER_REQUEST = 500
 SAMPLES_PER_REQUEST_SERIES = 4  # samples of one series in one request, as Prometheus batches them

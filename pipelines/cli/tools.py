@@ -150,7 +150,13 @@ def analyze_dedup(state: State, windows: str, table_key: str, files: tuple[Path,
 
 
 @cli.command()
-@click.option("--size", type=click.Choice(["S", "M", "L"]), default="S", show_default=True, help="Workload size.")
+@click.option(
+    "--size",
+    type=click.Choice(["XS", "S", "M", "L"]),
+    default="S",
+    show_default=True,
+    help="Workload size (XS: a check that every stage runs, its figures fixed costs).",
+)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), help="Folder for the results.")
 @click.option("--repeats", type=click.IntRange(1, 20), help="Timed runs per stage after a warm-up [S: 2, M: 3, L: 1].")
 @click.option(
@@ -190,9 +196,10 @@ def bench(
 ) -> None:
     """Benchmark every stage on seeded synthetic data, with peers, reduction and scaling figures.
 
-    Writes bench.md, bench.json, bench.png and scaling.png. S takes about five minutes on 2 cores
-    (and runs in CI); M about forty-five, freshness under load included. L (2,000,000 events)
-    measures scale only: the event path's chain, its memory and its fixed costs beside S and M.
+    Writes bench.md, bench.json, bench.png and scaling.png. XS checks that every stage runs (CI
+    runs it; its figures are fixed costs); S takes about ten minutes on 2 cores; M about
+    forty-five, freshness under load included. L (2,000,000 events) measures scale only: the event
+    path's chain, its memory and its fixed costs beside S and M.
     """
     from pipelines.bench.run import run_bench
     from pipelines.spark import build_spark
@@ -222,11 +229,11 @@ def bench(
     out = out_dir or Path("bench-results") / (size if only is None else f"{size}-{only}")
     say_step("starting Spark")
     spark = build_spark(state.settings)
-    runs = repeats or {"S": 2, "M": 3, "L": 1}[size]
+    runs = repeats or {"XS": 1, "S": 2, "M": 3, "L": 1}[size]
     if only == "dedup":
         from pipelines.bench.dedup import run_dedup
 
-        sizes = list("SML"[: "SML".index(size) + 1])  # every size up to --size
+        sizes = [size] if size == "XS" else list("SML"[: "SML".index(size) + 1])  # every size up to --size
         result = run_dedup(sizes, out, spark, repeats or 3, say=say_step)
         console.print((out / "dedup.md").read_text())
         say_step(f"dedup bench done in {result['wall_seconds']:,} s: {out}/dedup.md, dedup.json, dedup.png")
