@@ -1,6 +1,6 @@
-"""What the delta-spark engine reads from a table's Delta log itself: the newest version through
-Delta's JVM classes (a classic session with open-source Delta), and the newest checkpoint among
-``_delta_log`` file names."""
+"""What the delta-spark engine reads from a table's Delta log itself: the newest version and the
+app transactions through Delta's JVM classes (a classic session with open-source Delta), and the
+newest checkpoint among ``_delta_log`` file names."""
 
 from __future__ import annotations
 
@@ -24,8 +24,26 @@ class JvmDeltaLog:
 
     def version_of(self, location: str) -> int:
         """The newest version at ``location``; -1 where there is no Delta table."""
+        return int(self._snapshot(location).version())
+
+    def txn_versions_at(self, location: str, version: int, app_ids: Sequence[str]) -> dict[str, int | None] | None:
+        """The app ids' versions in the snapshot of ``location`` if the newest one is ``version``
+        (None where it is another). Delta builds a snapshot's app transactions from its whole state
+        (a Spark job over the log); a write with an app id asks the same snapshot for its own check,
+        so the state built here is the one that write then uses, not a second reading of the log."""
+        snapshot = self._snapshot(location)
+        if int(snapshot.version()) != version:
+            return None
+        txns = snapshot.transactions()  # a Scala Map[String, Long]
+        found: dict[str, int | None] = {}
+        for app_id in app_ids:
+            known = txns.get(app_id)
+            found[app_id] = int(known.get()) if known.isDefined() else None
+        return found
+
+    def _snapshot(self, location: str) -> Any:
         # update(stalenessAcceptable, checkIfUpdatedSinceTs, catalogTableOpt), as Delta 4 has it.
-        return int(self._delta_log.forTable(self._jspark, location).update(False, self._none, self._none).version())
+        return self._delta_log.forTable(self._jspark, location).update(False, self._none, self._none)
 
 
 def jvm_delta_log(spark: SparkSession) -> JvmDeltaLog | None:

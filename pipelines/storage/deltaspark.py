@@ -12,9 +12,12 @@ App transactions use Delta's idempotent-write options: ``txnAppId``/``txnVersion
 DataFrame writer for appends, and the ``spark.databricks.delta.write.txnAppId``/``txnVersion``
 session confs for MERGE and DELETE. Delta records one app transaction per commit this way, so a
 writer that must record several (one per Kafka partition) is given one combined id by its caller.
-Reading them back, Delta has no SQL for the snapshot's app transactions, so :meth:`txn_versions`
-reads them where the protocol keeps them: the latest checkpoint and the commits after it, two
-small Spark reads of the table's ``_delta_log``.
+Reading them back, Delta has no SQL for the snapshot's app transactions. On a classic session with
+open-source Delta, :meth:`txn_versions` asks the JVM's snapshot of the table, whose state Delta
+builds once and reuses for the next write's own check of its app id (each such write builds it
+anyway: a lookup before it then costs no Spark job of its own). Elsewhere, or for an older
+version, it reads them where the protocol keeps them: the latest checkpoint and the commits after
+it, two small Spark reads of the table's ``_delta_log``.
 """
 
 from __future__ import annotations
@@ -366,6 +369,12 @@ class DeltaSparkStore(TableStore):
         location = self.location(spec)
         cached = self._txn_cache.setdefault((location, version), {})
         missing = [a for a in dict.fromkeys(app_ids) if a not in cached]
+        if missing and self._delta_log is not None:
+            with contextlib.suppress(Py4JError):  # the log's own reads below answer instead
+                found = self._delta_log.txn_versions_at(location, version, missing)
+                if found is not None:
+                    cached.update(found)
+                    missing = []
         if missing:
             # A version of this table read before for these app ids: only the commits since then
             # can have changed them (txn actions are never removed), so read just those.
