@@ -158,7 +158,9 @@ def analyze_dedup(state: State, windows: str, table_key: str, files: tuple[Path,
     help="Workload size (XS: a check that every stage runs, its figures fixed costs).",
 )
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), help="Folder for the results.")
-@click.option("--repeats", type=click.IntRange(1, 20), help="Timed runs per stage after a warm-up [S: 2, M: 3, L: 1].")
+@click.option(
+    "--repeats", type=click.IntRange(1, 20), help="Timed runs per stage after a warm-up [XS: 1, S: 2, M: 3, L: 1]."
+)
 @click.option(
     "--soak",
     "soak_minutes",
@@ -232,8 +234,10 @@ def bench(
     runs = repeats or {"XS": 1, "S": 2, "M": 3, "L": 1}[size]
     if only == "dedup":
         from pipelines.bench.dedup import run_dedup
+        from pipelines.bench.workloads import SCALED_SIZES
 
-        sizes = [size] if size == "XS" else list("SML"[: "SML".index(size) + 1])  # every size up to --size
+        # every scaled size up to --size (XS, outside them, alone)
+        sizes = list(SCALED_SIZES[: SCALED_SIZES.index(size) + 1]) if size in SCALED_SIZES else [size]
         result = run_dedup(sizes, out, spark, repeats or 3, say=say_step)
         console.print((out / "dedup.md").read_text())
         say_step(f"dedup bench done in {result['wall_seconds']:,} s: {out}/dedup.md, dedup.json, dedup.png")
