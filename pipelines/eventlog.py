@@ -4,6 +4,12 @@ Every job run appends one row: what ran, when, how it ended, rows in and out, an
 metrics. The data-quality results of the run (one row per expectation: rows checked, rows failed,
 policy, outcome) go to ``_meta/expectation_results`` under the same run id. ``medallion status``
 reads both back.
+
+A pass of ``medallion run`` writes its runs' rows together when it ends, one commit per table
+(:meth:`EventLog.batched`), not two commits per job: a pass over a small increment cost a commit
+per job on top of its work. A job run on its own (``ingest``, ``validate``) writes at once. A pass
+killed with ``kill -9`` leaves no rows for the runs it finished (its data commits stand; their
+progress is in the tables' app transactions, not here); Prometheus saw each run as it ended.
 """
 
 from __future__ import annotations
@@ -105,18 +111,55 @@ def new_run_id() -> str:
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
 
 
-def append_events(store: TableStore, rows: list[Mapping[str, Any]]) -> None:
+class EventLog:
+    """Where job runs' rows go: straight to the two tables, or, inside :meth:`batched`, held and
+    written together when the block ends."""
+
+    def __init__(self, store: TableStore) -> None:
+        self.store = store
+        self._held: tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]] | None = None
+
+    def write(self, row: Mapping[str, Any], results: Sequence[Mapping[str, Any]] = ()) -> None:
+        """One run's row and its expectation results."""
+        if self._held is not None:
+            self._held[0].append(row)
+            self._held[1].extend(results)
+            return
+        _append(self.store, [row], results)
+
+    @contextmanager
+    def batched(self) -> Iterator[None]:
+        """The rows of every run in this block, written when it ends, also when it ends by an
+        exception (an inner block belongs to the outer one)."""
+        if self._held is not None:
+            yield
+            return
+        held: tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]] = ([], [])
+        self._held = held
+        try:
+            yield
+        finally:
+            self._held = None
+            if held[0]:
+                try:
+                    _append(self.store, *held)
+                except Exception:  # the log must never hide the jobs' own outcome
+                    log.exception("could not write the event log rows of %d run(s)", len(held[0]))
+
+
+def _append(store: TableStore, rows: Sequence[Mapping[str, Any]], results: Sequence[Mapping[str, Any]]) -> None:
+    """Runs' rows, then their expectation results: a commit to each table (none for no results)."""
     store.ensure(PIPELINE_EVENTS)
-    table = pa.Table.from_pylist(
-        [{**r, "metrics": list((r.get("metrics") or {}).items())} for r in rows],
-        schema=PIPELINE_EVENTS.arrow_schema,
-    )
-    store.append(PIPELINE_EVENTS, table)
+    events = [{**r, "metrics": list((r.get("metrics") or {}).items())} for r in rows]
+    store.append(PIPELINE_EVENTS, pa.Table.from_pylist(events, schema=PIPELINE_EVENTS.arrow_schema))
+    if results:
+        store.ensure(EXPECTATION_RESULTS)
+        store.append(EXPECTATION_RESULTS, pa.Table.from_pylist(list(results), schema=EXPECTATION_RESULTS.arrow_schema))
 
 
 @contextmanager
-def recorded(store: TableStore, job: str, run_id: str) -> Iterator[RunRecord]:
-    """Time a job run and append its event-log row, also when the job fails."""
+def recorded(events: EventLog, job: str, run_id: str) -> Iterator[RunRecord]:
+    """Time a job run and write its event-log row, also when the job fails."""
     record = RunRecord(job)
     started = datetime.now(UTC)
     t0 = time.perf_counter()
@@ -147,9 +190,7 @@ def recorded(store: TableStore, job: str, run_id: str) -> Iterator[RunRecord]:
             "error": error,
         }
         try:
-            append_events(store, [row])
-            if record.quality:
-                append_results(store, run_id, job, record.quality)
+            events.write(row, result_rows(run_id, job, record.quality))
         except Exception:  # the log must never hide the job's own outcome
             log.exception("could not write the event log row for %s", job)
 
@@ -172,9 +213,7 @@ def totals(store: TableStore, metric: str) -> dict[str, int]:
     }
 
 
-def append_results(store: TableStore, run_id: str, job: str, results: Sequence[Mapping[str, Any]]) -> None:
-    """Append expectation results (dicts with the result fields) under ``run_id``."""
-    store.ensure(EXPECTATION_RESULTS)
+def result_rows(run_id: str, job: str, results: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Expectation results (dicts with the result fields) as rows of ``_meta/expectation_results``."""
     now = datetime.now(UTC)
-    rows = [{**r, "run_id": run_id, "job": job, "validated_at": r.get("validated_at") or now} for r in results]
-    store.append(EXPECTATION_RESULTS, pa.Table.from_pylist(rows, schema=EXPECTATION_RESULTS.arrow_schema))
+    return [{**r, "run_id": run_id, "job": job, "validated_at": r.get("validated_at") or now} for r in results]

@@ -395,13 +395,14 @@ def run_pass(
 ) -> Iterator[RunRecord]:
     """One pass: each flow once, in order, yielding its record as it ends. The flows of one pass
     share a handoff (gold's stage 2 takes stage 1's partials from it), released when the pass ends
-    or is left (an exception, a stop)."""
+    or is left (an exception, a stop), and their event-log rows, written then in one commit."""
     from pipelines.incremental import Handoff
 
     handoff = Handoff()
     options = RunOptions(buckets=buckets, drain=drain, handoff=handoff)
     try:
-        for f in flows:
-            yield f.execute(ctx, options)
+        with ctx.events.batched():
+            for f in flows:
+                yield f.execute(ctx, options)
     finally:
         handoff.release()

@@ -20,7 +20,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from pipelines.errors import CommitConflictError, InputError
-from pipelines.eventlog import RunRecord, new_run_id, recorded
+from pipelines.eventlog import EventLog, RunRecord, new_run_id, recorded
 from pipelines.settings import Settings
 from pipelines.storage import AppTxn, TableSpec, TableStore
 
@@ -39,6 +39,11 @@ class Context:
     store: TableStore
     run_id: str = field(default_factory=new_run_id)
     say: Callable[[str], None] = field(default=lambda msg: log.info("%s", msg))
+    #: The event log the jobs' runs are written to (held for one commit within a pass).
+    events: EventLog = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.events = EventLog(self.store)
 
 
 @dataclass(frozen=True)
@@ -155,7 +160,7 @@ def with_conflict_retries(fn: Callable[[], T], what: str, attempts: int = CONFLI
 def run_job(ctx: Context, job: str, body: Callable[[RunRecord], None]) -> RunRecord:
     """Run ``body`` as ``job``: conflict retries, timing and an event-log row (which counts the
     retries a commit conflict cost, as ``conflict_retries``)."""
-    with garbage_collected_after(), recorded(ctx.store, job, ctx.run_id) as record:
+    with garbage_collected_after(), recorded(ctx.events, job, ctx.run_id) as record:
         attempts = 0
 
         def attempt() -> None:

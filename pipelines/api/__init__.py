@@ -74,7 +74,7 @@ class Pipeline:
         from pipelines.eventlog import recorded
 
         quality.check_policies(self.context)
-        with recorded(self.context.store, "validate", self.context.run_id) as record:
+        with recorded(self.context.events, "validate", self.context.run_id) as record:
             checked = quality.validate_tables(self.context, record, list(tables or []))
         return [r.as_row() for c in checked if c.validation for r in c.validation.results]
 

@@ -95,34 +95,44 @@ def summary(seconds: list[float]) -> dict[str, float]:
     }
 
 
+#: The last step of a timed pass: the event-log rows of its flows, written in one commit.
+EVENT_LOG_STEP = "(event log)"
 #: One flow of a timed pass: its name, seconds, status and the Spark jobs it ran (None: not known).
 PassStep = tuple[str, float, str, int | None]
 
 
 def timed_pass(ctx: Context, tag: str) -> list[PassStep]:
     """One pass of every runnable flow (``run all --once``), each flow timed as it ends, with the
-    Spark jobs it ran (counted by a job group per flow on a classic session)."""
+    Spark jobs it ran (counted by a job group per flow on a classic session), then the pass's
+    event-log commit (:data:`EVENT_LOG_STEP`), which comes after the last flow."""
     from pipelines.flows import run_pass, runnable
 
     flows = runnable()
+    names = [f.name for f in flows] + [EVENT_LOG_STEP]
     sc = ctx.spark.sparkContext if hasattr(ctx.spark, "sparkContext") else None
 
     def group(i: int) -> str:
-        name = f"bench-pass-{tag}-{flows[i].name}"
+        name = f"bench-pass-{tag}-{names[i]}"
         if sc is not None:
-            sc.setJobGroup(name, f"bench pass: {flows[i].name}")
+            sc.setJobGroup(name, f"bench pass: {names[i]}")
         return name
 
     steps: list[PassStep] = []
+    current, t0 = group(0), time.perf_counter()
+
+    def step(i: int, status: str) -> None:
+        nonlocal current, t0
+        seconds = time.perf_counter() - t0
+        spark_jobs = len(sc.statusTracker().getJobIdsForGroup(current)) if sc is not None else None
+        steps.append((names[i], seconds, status, spark_jobs))
+        if i + 1 < len(names):
+            current = group(i + 1)
+        t0 = time.perf_counter()
+
     try:
-        current, t0 = group(0), time.perf_counter()
         for i, record in enumerate(run_pass(ctx, flows)):
-            seconds = time.perf_counter() - t0
-            spark_jobs = len(sc.statusTracker().getJobIdsForGroup(current)) if sc is not None else None
-            steps.append((flows[i].name, seconds, record.status, spark_jobs))
-            if i + 1 < len(flows):
-                current = group(i + 1)
-            t0 = time.perf_counter()
+            step(i, record.status)
+        step(len(flows), "ok")
     finally:
         if sc is not None:
             sc.setJobGroup("bench", "bench")

@@ -133,7 +133,7 @@ def validate(state: State, tables: tuple[str, ...], as_json: bool, report_dir: P
 
     ctx = state.context(validates=True)
     quality.check_policies(ctx)
-    with recorded(ctx.store, "validate", ctx.run_id) as record:
+    with recorded(ctx.events, "validate", ctx.run_id) as record:
         checked = quality.validate_tables(ctx, record, list(tables))
         failed = [r for c in checked if c.validation for r in c.validation.failed]
         record.rows_in = len(checked)

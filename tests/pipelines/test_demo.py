@@ -262,10 +262,15 @@ def test_status_and_sql_read_the_lake(spark: SparkSession, lake: Path) -> None:
 
 
 def test_run_once_is_a_noop_when_up_to_date(spark: SparkSession, lake: Path) -> None:
+    events = DeltaTable(str(lake / "_meta/pipeline_events"))
+    before = events.version(), len(table(lake, "_meta/pipeline_events"))
     out = medallion_here(spark, lake, "run", "all", "--once")
     assert out.returncode == 0, out.stderr
     # silver x2, gold x2, export, metric panes and windows, counter partials, flush, milestones, export
     assert out.stdout.count("noop") == 11
+    # the pass's rows, one per flow, in one commit of the event log
+    events.update_incremental()
+    assert (events.version(), len(table(lake, "_meta/pipeline_events"))) == (before[0] + 1, before[1] + 11)
 
 
 def test_validate_passes_on_the_demo_lake(spark: SparkSession, lake: Path) -> None:
