@@ -1,6 +1,6 @@
 """The pipeline event log (``_meta/pipeline_events``), in the spirit of Lakeflow's event log.
 
-Every job run appends one row: what ran, when, how it ended, rows in and out, and a map of
+Every job run gets one row: what ran, when, how it ended, rows in and out, and a map of
 metrics. The data-quality results of the run (one row per expectation: rows checked, rows failed,
 policy, outcome) go to ``_meta/expectation_results`` under the same run id. ``medallion status``
 reads both back.
@@ -15,6 +15,7 @@ progress is in the tables' app transactions, not here); Prometheus saw each run 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import traceback
 import uuid
@@ -111,47 +112,66 @@ def new_run_id() -> str:
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
 
 
+Held = tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]
+
+
 class EventLog:
     """Where job runs' rows go: straight to the two tables, or, inside :meth:`batched`, held and
-    written together when the block ends."""
+    written together when the block ends. What is held belongs to the thread that opened the block
+    (a run on another thread writes on its own), and :attr:`failed` says why the last block's rows
+    were not all written (None: they were)."""
 
     def __init__(self, store: TableStore) -> None:
         self.store = store
-        self._held: tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]] | None = None
+        self._local = threading.local()
+        self.failed: str | None = None
+
+    def _held(self) -> Held | None:
+        held: Held | None = getattr(self._local, "held", None)
+        return held
 
     def write(self, row: Mapping[str, Any], results: Sequence[Mapping[str, Any]] = ()) -> None:
         """One run's row and its expectation results."""
-        if self._held is not None:
-            self._held[0].append(row)
-            self._held[1].extend(results)
+        held = self._held()
+        if held is not None:
+            held[0].append(row)
+            held[1].extend(results)
             return
-        _append(self.store, [row], results)
+        _append_events(self.store, [row])
+        _append_results(self.store, results)
 
     @contextmanager
     def batched(self) -> Iterator[None]:
         """The rows of every run in this block, written when it ends, also when it ends by an
-        exception (an inner block belongs to the outer one)."""
-        if self._held is not None:
+        exception (an inner block belongs to the outer one). The runs' rows and their check results
+        are two commits, each written even if the other fails."""
+        if self._held() is not None:
             yield
             return
-        held: tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]] = ([], [])
-        self._held = held
+        held: Held = ([], [])
+        self._local.held = held
         try:
             yield
         finally:
-            self._held = None
-            if held[0]:
+            self._local.held = None
+            failures = []
+            for what, append, rows in (("runs", _append_events, held[0]), ("check results", _append_results, held[1])):
                 try:
-                    _append(self.store, *held)
-                except Exception:  # the log must never hide the jobs' own outcome
-                    log.exception("could not write the event log rows of %d run(s)", len(held[0]))
+                    append(self.store, rows)
+                except Exception as exc:  # the log must never hide the jobs' own outcome
+                    log.exception("could not write the event log's %s (%d row(s))", what, len(rows))
+                    failures.append(f"{what}: {exc}")
+            self.failed = "; ".join(failures) or None
 
 
-def _append(store: TableStore, rows: Sequence[Mapping[str, Any]], results: Sequence[Mapping[str, Any]]) -> None:
-    """Runs' rows, then their expectation results: a commit to each table (none for no results)."""
-    store.ensure(PIPELINE_EVENTS)
-    events = [{**r, "metrics": list((r.get("metrics") or {}).items())} for r in rows]
-    store.append(PIPELINE_EVENTS, pa.Table.from_pylist(events, schema=PIPELINE_EVENTS.arrow_schema))
+def _append_events(store: TableStore, rows: Sequence[Mapping[str, Any]]) -> None:
+    if rows:
+        store.ensure(PIPELINE_EVENTS)
+        events = [{**r, "metrics": list((r.get("metrics") or {}).items())} for r in rows]
+        store.append(PIPELINE_EVENTS, pa.Table.from_pylist(events, schema=PIPELINE_EVENTS.arrow_schema))
+
+
+def _append_results(store: TableStore, results: Sequence[Mapping[str, Any]]) -> None:
     if results:
         store.ensure(EXPECTATION_RESULTS)
         store.append(EXPECTATION_RESULTS, pa.Table.from_pylist(list(results), schema=EXPECTATION_RESULTS.arrow_schema))
@@ -185,7 +205,7 @@ def recorded(events: EventLog, job: str, run_id: str) -> Iterator[RunRecord]:
             "status": record.status,
             "rows_in": record.rows_in,
             "rows_out": record.rows_out,
-            "metrics": record.metrics,
+            "metrics": dict(record.metrics),  # as it is now: a pass writes its rows when it ends
             "details": record.details,
             "error": error,
         }

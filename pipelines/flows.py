@@ -14,7 +14,7 @@ its transform in its layer and its tests.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -392,7 +392,7 @@ def resolve(name: str) -> list[Flow]:
 
 def run_pass(
     ctx: Context, flows: Sequence[Flow], buckets: Sequence[int] | None = None, drain: bool = False
-) -> Iterator[RunRecord]:
+) -> Generator[RunRecord, None, None]:
     """One pass: each flow once, in order, yielding its record as it ends. The flows of one pass
     share a handoff (gold's stage 2 takes stage 1's partials from it), released when the pass ends
     or is left (an exception, a stop), and their event-log rows, written then in one commit."""

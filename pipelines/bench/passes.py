@@ -132,7 +132,7 @@ def timed_pass(ctx: Context, tag: str) -> list[PassStep]:
     try:
         for i, record in enumerate(run_pass(ctx, flows)):
             step(i, record.status)
-        step(len(flows), "ok")
+        step(len(flows), "failed" if ctx.events.failed else "ok")
     finally:
         if sc is not None:
             sc.setJobGroup("bench", "bench")

@@ -129,10 +129,12 @@ def run(
     ctx = state.context(validates=True)
     with contextlib.nullcontext(threading.Event()) if once else stop_on(signal.SIGTERM, signal.SIGINT) as stop:
         while True:
-            for record in flows.run_pass(ctx, chosen_flows, chosen, drain):
-                console.print(f"{record.job}: {record.status}, {record.rows_in:,} in, {record.rows_out:,} out")
-                if stop.is_set():
-                    break
+            # closed on a stop: the flows' event-log rows are written then, not when it is collected
+            with contextlib.closing(flows.run_pass(ctx, chosen_flows, chosen, drain)) as records:
+                for record in records:
+                    console.print(f"{record.job}: {record.status}, {record.rows_in:,} in, {record.rows_out:,} out")
+                    if stop.is_set():
+                        break
             if once or stop.wait(interval):
                 break
 

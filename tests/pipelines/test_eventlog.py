@@ -1,18 +1,23 @@
 """The event log's writes: a run's row at once, or a pass's rows held and written in one commit.
 
-Arrow in, delta-rs commits, the tables read back with ``deltalake``: no Spark.
+Arrow in, delta-rs commits, the tables read back with ``deltalake``: no Spark (the passes here
+run flows that do no Spark work).
 """
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from deltalake import DeltaTable
 
-from pipelines.eventlog import EventLog, recorded
+from pipelines.eventlog import EventLog, RunRecord, recorded
+from pipelines.flows import run_pass
+from pipelines.runner import Context, run_job
 from pipelines.storage.deltars import DeltaRsStore
 
 RESULT = {
@@ -84,3 +89,65 @@ def test_a_pass_that_fails_still_writes_the_runs_it_had_with_the_failed_one(log:
     assert commits(log, "expectation_results") == []
     (failed,) = [r for r in rows(log, "pipeline_events") if r["status"] == "failed"]
     assert failed["error"] == "RuntimeError: boom"
+
+
+def test_a_pass_whose_check_results_cannot_be_written_still_writes_its_runs_and_says_why(log: EventLog) -> None:
+    with log.batched():
+        with recorded(log, "silver.events", "run-1") as record:
+            record.quality.append({**RESULT, "rows_checked": "many"})  # not a number: refused
+    assert commits(log, "pipeline_events") == [[("silver.events", "ok")]]
+    assert commits(log, "expectation_results") == []
+    assert log.failed is not None and log.failed.startswith("check results:")
+    with log.batched(), recorded(log, "silver.events", "run-2"):
+        pass
+    assert log.failed is None
+
+
+def test_a_run_on_another_thread_during_a_pass_writes_at_once(log: EventLog) -> None:
+    def validate() -> None:
+        with recorded(log, "validate", "run-2"):
+            pass
+
+    with log.batched():
+        with recorded(log, "silver.events", "run-1"):
+            pass
+        other = threading.Thread(target=validate)
+        other.start()
+        other.join()
+        assert commits(log, "pipeline_events") == [[("validate", "ok")]]
+    assert commits(log, "pipeline_events") == [[("validate", "ok")], [("silver.events", "ok")]]
+
+
+@dataclass
+class FakeFlow:
+    """A flow as ``run_pass`` sees it: its run is a job of the runner (one event-log row)."""
+
+    name: str
+    fails: bool = False
+
+    def execute(self, ctx: Context, options: object) -> RunRecord:
+        def body(record: RunRecord) -> None:
+            if self.fails:
+                raise RuntimeError(f"{self.name} broke")
+
+        return run_job(ctx, self.name, body)
+
+
+def pass_context(log: EventLog) -> Context:
+    return Context(settings=None, spark=None, store=log.store, say=lambda _: None)  # type: ignore[arg-type]
+
+
+def test_a_pass_left_after_its_first_flow_writes_that_flows_row_when_it_is_closed(log: EventLog) -> None:
+    ctx = pass_context(log)
+    records = run_pass(ctx, [FakeFlow("a"), FakeFlow("b")])  # type: ignore[list-item]
+    assert next(records).job == "a"
+    assert commits(ctx.events, "pipeline_events") == []
+    records.close()  # as `medallion run` does on a stop
+    assert commits(ctx.events, "pipeline_events") == [[("a", "ok")]]
+
+
+def test_a_pass_with_a_failing_flow_writes_the_rows_before_it_and_its_own(log: EventLog) -> None:
+    ctx = pass_context(log)
+    with pytest.raises(RuntimeError, match="b broke"):
+        list(run_pass(ctx, [FakeFlow("a"), FakeFlow("b", fails=True), FakeFlow("c")]))  # type: ignore[list-item]
+    assert commits(ctx.events, "pipeline_events") == [[("a", "ok"), ("b", "failed")]]
