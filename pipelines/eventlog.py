@@ -123,12 +123,13 @@ class EventLog:
 
     def __init__(self, store: TableStore) -> None:
         self.store = store
-        self._local = threading.local()
+        #: What each open block holds, by the thread that opened it (a pass's generator may be
+        #: resumed, and closed, on another thread: the block still ends as its opener's).
+        self._held_by: dict[int, Held] = {}
         self.failed: str | None = None
 
     def _held(self) -> Held | None:
-        held: Held | None = getattr(self._local, "held", None)
-        return held
+        return self._held_by.get(threading.get_ident())
 
     def write(self, row: Mapping[str, Any], results: Sequence[Mapping[str, Any]] = ()) -> None:
         """One run's row and its expectation results."""
@@ -148,12 +149,12 @@ class EventLog:
         if self._held() is not None:
             yield
             return
-        held: Held = ([], [])
-        self._local.held = held
+        opener = threading.get_ident()
+        held = self._held_by.setdefault(opener, ([], []))
         try:
             yield
         finally:
-            self._local.held = None
+            self._held_by.pop(opener, None)
             failures = []
             for what, append, rows in (("runs", _append_events, held[0]), ("check results", _append_results, held[1])):
                 try:

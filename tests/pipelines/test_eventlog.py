@@ -151,3 +151,16 @@ def test_a_pass_with_a_failing_flow_writes_the_rows_before_it_and_its_own(log: E
     with pytest.raises(RuntimeError, match="b broke"):
         list(run_pass(ctx, [FakeFlow("a"), FakeFlow("b", fails=True), FakeFlow("c")]))  # type: ignore[list-item]
     assert commits(ctx.events, "pipeline_events") == [[("a", "ok"), ("b", "failed")]]
+
+
+def test_a_pass_closed_on_another_thread_still_ends_its_openers_block(log: EventLog) -> None:
+    ctx = pass_context(log)
+    records = run_pass(ctx, [FakeFlow("a"), FakeFlow("b")])  # type: ignore[list-item]
+    assert next(records).job == "a"
+    closer = threading.Thread(target=records.close)
+    closer.start()
+    closer.join()
+    assert commits(log, "pipeline_events") == [[("a", "ok")]]
+    with recorded(log, "validate", "run-2"):  # this thread holds nothing any more: written at once
+        pass
+    assert commits(log, "pipeline_events") == [[("a", "ok")], [("validate", "ok")]]
