@@ -132,14 +132,14 @@ class EventLog:
         return self._held_by.get(threading.get_ident())
 
     def write(self, row: Mapping[str, Any], results: Sequence[Mapping[str, Any]] = ()) -> None:
-        """One run's row and its expectation results."""
+        """One run's row and its expectation results (outside a block: a block of its own)."""
         held = self._held()
-        if held is not None:
-            held[0].append(row)
-            held[1].extend(results)
+        if held is None:
+            with self.batched():
+                self.write(row, results)
             return
-        _append_events(self.store, [row])
-        _append_results(self.store, results)
+        held[0].append(row)
+        held[1].extend(results)
 
     @contextmanager
     def batched(self) -> Iterator[None]:
