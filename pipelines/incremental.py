@@ -277,7 +277,9 @@ def run_incremental(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
             return
         ctx.store.ensure(target)
         if flow.by_bucket:
-            check_split(ctx.store, flow.name, source, target, buckets, bucket_mapping(ctx.settings).count)
+            check_split(
+                ctx.store, flow.name, source, target, buckets, bucket_mapping(ctx.settings).count, ctx.checked_splits
+            )
         inc = pending(ctx.store, source, target, app_id(flow.name, source, buckets))
         if inc is None:
             record.noop(f"no new rows in {source.key}")
