@@ -111,7 +111,7 @@ class Handoff:
         return self.frame
 
     def release(self) -> None:
-        for df in self.cached:
+        for df in reversed(self.cached):  # newest first: see FlowRecord.release
             df.unpersist()
         self.table, self.version, self.frame, self.cached = None, None, None, []
 
@@ -224,7 +224,10 @@ class FlowRecord:
     def release(self, *frames: DataFrame) -> None:
         """Unpersist ``frames`` now (frames this record cached; all of them when none is named)."""
         gone = list(frames) if frames else list(self._cached)
-        for df in gone:
+        # Newest first. Spark re-plans every cached plan that reads a frame being unpersisted and
+        # has not been computed yet (CacheManager.uncacheQuery -> recacheByCondition); a frame
+        # cached from an older one is gone before the older one goes, so nothing is re-planned.
+        for df in reversed(gone):
             df.unpersist()
         self._cached = [df for df in self._cached if all(df is not g for g in gone)]
 
