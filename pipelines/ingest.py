@@ -30,7 +30,7 @@ from pipelines.runner import Context, append_once, run_job
 from pipelines.sources import kafka
 from pipelines.sources.files import LandingFile, compression_of, file_digests, landing_rows
 from pipelines.storage import AppTxn, TableSpec
-from pipelines.storage.base import conform
+from pipelines.storage.conform import conform
 from pipelines.tables import BRONZE_EVENTS, BRONZE_PAGE_CHANGES, BRONZE_QUARANTINE
 
 

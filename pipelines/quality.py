@@ -28,7 +28,7 @@ from pipelines.errors import MedallionError, SettingsError
 from pipelines.eventlog import RunRecord
 from pipelines.runner import Context, append_once
 from pipelines.storage import AppTxn
-from pipelines.storage.base import conform
+from pipelines.storage.conform import conform
 from pipelines.tables import BRONZE_QUARANTINE
 
 log = logging.getLogger("medallion")

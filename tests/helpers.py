@@ -26,7 +26,7 @@ from pipelines.fixtures import PAGE_CHANGE_FILES
 from pipelines.settings import RemoteWriteSettings, env_name
 from pipelines.sources.files import file_digests, landing_rows
 from pipelines.sources.remote_write_server import Receiver, serve
-from pipelines.storage.base import conform_df
+from pipelines.storage.conform import conform_df
 from pipelines.storage.deltars import DeltaRsStore
 from pipelines.tables import BRONZE_QUARANTINE, BRONZE_SAMPLES
 

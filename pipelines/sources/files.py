@@ -32,7 +32,7 @@ from pyspark.sql import functions as F
 
 from bronze.landing import LANDING_SCHEMA
 from pipelines.errors import InputError
-from pipelines.storage.base import conform_df
+from pipelines.storage.conform import conform_df
 
 #: What Python's ``bytes.strip()`` strips: a line of only these is blank.
 WHITESPACE = " \t\n\r\x0b\x0c"

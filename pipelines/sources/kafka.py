@@ -36,7 +36,7 @@ from pipelines.errors import InputError
 from pipelines.observability import KAFKA_LAG
 from pipelines.settings import KafkaSettings
 from pipelines.storage import AppTxn, TableSpec, TableStore
-from pipelines.storage.base import conform
+from pipelines.storage.conform import conform
 
 log = logging.getLogger("medallion.kafka")
 

@@ -12,7 +12,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from bronze.samples import BRONZE_SAMPLES_SCHEMA
 from pipelines.sources import remote_write as codec
-from pipelines.storage.base import conform
+from pipelines.storage.conform import conform
 
 SAMPLES_ARROW = to_arrow_schema(BRONZE_SAMPLES_SCHEMA, timezone="UTC")
 

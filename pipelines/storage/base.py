@@ -26,6 +26,8 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
 from pipelines.errors import InputError, StorageError
+from pipelines.storage.conform import conform
+from pipelines.storage.parquet_files import TableFiles
 
 CDF_PROPERTY = "delta.enableChangeDataFeed"
 CHANGE_TYPE = "_change_type"
@@ -167,8 +169,6 @@ class TableStore(ABC):
         # Spark and the driver's readers must name the same files: a local root is made absolute.
         self.lake_root = (lake_root if "://" in lake_root else os.path.abspath(lake_root)).rstrip("/")
         self.storage_options = dict(storage_options or {})
-        from pipelines.storage.parquet_files import TableFiles
-
         self.files = TableFiles(self.lake_root)
 
     @property
@@ -313,51 +313,3 @@ class TableStore(ABC):
                 schema = from_arrow_schema(table.schema, prefer_timestamp_ntz=False)
             return self.spark.createDataFrame([], schema)
         return self.spark.createDataFrame(table)
-
-
-def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """Select ``schema``'s columns from ``table`` in order and cast them to its types.
-
-    Missing nullable columns are filled with nulls; a missing non-nullable column is an error.
-    Engines hand back view and large string types that Spark cannot take, so reads conform too.
-    """
-    columns = []
-    for f in schema:
-        if f.name in table.column_names:
-            col = table.column(f.name)
-            if col.type != f.type:
-                col = col.cast(f.type)
-            columns.append(col)
-        else:
-            if not f.nullable:
-                raise ValueError(f"column {f.name!r} is missing and not nullable")
-            columns.append(pa.nulls(table.num_rows, type=f.type))
-    return pa.Table.from_arrays(columns, schema=schema)
-
-
-def conform_df(df: DataFrame, schema: StructType) -> DataFrame:
-    """:func:`conform` for a DataFrame: ``schema``'s columns in order and types, missing ones null."""
-    from pyspark.sql import functions as F
-
-    present = set(df.columns)
-    return df.select(
-        *[(F.col(f.name) if f.name in present else F.lit(None)).cast(f.dataType).alias(f.name) for f in schema.fields]
-    )
-
-
-def arrow_for_spark(table: pa.Table) -> pa.Table:
-    """Replace Arrow types Spark cannot read (string_view, large_string, unsigned ints)."""
-    fields = []
-    for f in table.schema:
-        t = f.type
-        if pa.types.is_string_view(t) or pa.types.is_large_string(t):
-            t = pa.string()
-        elif pa.types.is_binary_view(t) or pa.types.is_large_binary(t):
-            t = pa.binary()
-        elif pa.types.is_unsigned_integer(t):
-            t = pa.int64()
-        elif pa.types.is_timestamp(t) and t.tz is None and f.name == COMMIT_TIMESTAMP:
-            t = pa.timestamp("us", tz="UTC")
-        fields.append(pa.field(f.name, t, f.nullable))
-    schema = pa.schema(fields)
-    return table if schema == table.schema else table.cast(schema)

@@ -45,9 +45,9 @@ from pipelines.storage.base import (
     TableStats,
     TableStore,
     TxnSnapshot,
-    conform_df,
     predicate_sql,
 )
+from pipelines.storage.conform import conform_df
 from pipelines.storage.delta_log import jvm_delta_log, newest_checkpoint
 from pipelines.storage.spark_sql import column_ddl, quote, sql_string
 

@@ -47,7 +47,7 @@ from pyspark.sql.types import (
 )
 
 from pipelines.errors import StorageError
-from pipelines.storage.base import conform_df
+from pipelines.storage.conform import conform_df
 
 STAGING = "_staging"
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
