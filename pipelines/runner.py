@@ -88,7 +88,7 @@ def check_split(
     target: TableSpec,
     buckets: Sequence[int] | None,
     count: int,
-    checked: set[tuple[str, str]] | None = None,
+    checked: set[tuple[str, str]],
 ) -> None:
     """Refuse a run over ``buckets`` that overlaps, without being, a split ``job`` already ran with
     on ``target`` (which exists: the jobs ensure it first).
@@ -100,11 +100,11 @@ def check_split(
 
     ``checked`` (the context's) remembers the splits already let through in this process: a
     continuous job looks its split up once, not each pass (on delta-rs each set is a look-up of its
-    own, 256 with 8 buckets, about 0.2 s). A split whose first run another process started at the
-    same moment is then refused at that job's next start, as it is at the next run today.
+    own, 256 with 8 buckets). Two overlapping splits whose first runs start at the same moment in
+    two processes both pass; each is refused when its process next starts, not at its next pass.
     """
     mine = app_id(job, source, buckets)
-    if checked is not None and (target.key, mine) in checked:
+    if (target.key, mine) in checked:
         return
     everything = tuple(range(count))
     chosen = frozenset(buckets) if buckets else frozenset(everything)
@@ -123,8 +123,7 @@ def check_split(
             "different but overlapping bucket sets would each process the shared buckets' rows; keep "
             "one split per lake (the bundle runs one bucket per task)."
         )
-    if checked is not None:
-        checked.add((target.key, mine))
+    checked.add((target.key, mine))
 
 
 def pending(store: TableStore, source: TableSpec, target: TableSpec, app: str) -> Increment | None:
