@@ -1,5 +1,5 @@
 """``python -m pipelines`` and ``spark-submit .../pipelines/__main__.py``: the medallion CLI."""
 
-from pipelines.cli import main
+from pipelines.app.cli import main
 
 main()

@@ -1,7 +1,7 @@
 """What the metric layers are configured with: the aggregation model.
 
 The layers take plain values and small models like this, never the pipeline's settings:
-``pipelines.settings`` nests :class:`AggregationSettings`, and reports a ConfigError as a
+``pipelines.config.settings`` nests :class:`AggregationSettings`, and reports a ConfigError as a
 SettingsError with the same lines. The config types it is built from are in
 :mod:`bronze.primitives`. Nothing here imports Spark, so loading settings stays quick.
 """

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from pipelines.settings import Settings, load_settings
-from pipelines.spark import build_spark, has_delta_classes
+from pipelines.config.settings import Settings, load_settings
+from pipelines.config.spark import build_spark, has_delta_classes
 from pipelines.storage import TableStore, open_store
 
 # Real servers for integration tests: kafka_broker, node_exporter, prometheus_factory, vmagent_factory,

@@ -50,7 +50,7 @@ def medallion(
         env["MEDALLION_COUNTERS__REGISTRY"] = str(registry)
     env.update(settings_env or {})
     return subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "--lake-root", str(lake), *args],
+        [sys.executable, "-m", "pipelines.app.cli", "--lake-root", str(lake), *args],
         capture_output=True,
         text=True,
         env=env,
@@ -81,7 +81,7 @@ def medallion_here(
     ``MEDALLION_*`` variable of the test process reaches the command's settings, as for
     :func:`medallion`.
     """
-    from pipelines.cli import main
+    from pipelines.app.cli import main
 
     confs = dict(spark.conf.getAll)
     hidden = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("MEDALLION_")}

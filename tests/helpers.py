@@ -22,13 +22,13 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from bronze.landing import LANDING_SCHEMA
-from pipelines.fixtures import PAGE_CHANGE_FILES
-from pipelines.settings import RemoteWriteSettings, env_name
+from pipelines.config.settings import RemoteWriteSettings, env_name
+from pipelines.demo.data import PAGE_CHANGE_FILES
+from pipelines.runtime.tables import BRONZE_QUARANTINE, BRONZE_SAMPLES
 from pipelines.sources.files import file_digests, landing_rows
 from pipelines.sources.remote_write_server import Receiver, serve
 from pipelines.storage.conform import conform_df
 from pipelines.storage.deltars import DeltaRsStore
-from pipelines.tables import BRONZE_QUARANTINE, BRONZE_SAMPLES
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -178,7 +178,7 @@ class ReceiverCommand:
         env = {k: v for k, v in os.environ.items() if not k.startswith("MEDALLION_")}
         env |= {"MEDALLION_LAKE_ROOT": str(lake), "MEDALLION_REMOTE_WRITE__FLUSH_INTERVAL": flush_interval}
         env |= {env_name(("remote_write", key)): value for key, value in (settings or {}).items()}
-        cmd = [sys.executable, "-m", "pipelines.cli", "serve", "remote-write", "--host", host, "--port", "0"]
+        cmd = [sys.executable, "-m", "pipelines.app.cli", "serve", "remote-write", "--host", host, "--port", "0"]
         self.proc = subprocess.Popen(
             [*cmd, "--processes", str(processes)], env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
         )
@@ -227,7 +227,7 @@ def run_medallion(
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("MEDALLION_")} | (env or {})
     full_env["PYTHONPATH"] = os.pathsep.join([str(repo), full_env.get("PYTHONPATH", "")])
     return subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", *args],
+        [sys.executable, "-m", "pipelines.app.cli", *args],
         capture_output=True,
         text=True,
         env=full_env,

@@ -42,14 +42,7 @@ from typing import Any, NoReturn, Self
 import pytest
 import yaml
 
-from pipelines.services import (
-    LOOPBACK,
-    KafkaBroker,
-    ServerProcess,
-    ServerStartError,
-    free_port,
-    tansu_binary,
-)
+from pipelines.dev.services import LOOPBACK, KafkaBroker, ServerProcess, ServerStartError, free_port, tansu_binary
 
 __all__ = [
     "ConsumerThread",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from pipelines.settings import setting_keys
+from pipelines.config.settings import setting_keys
 from tests.conftest import REPO
 
 README = REPO / "README.md"
@@ -43,7 +43,7 @@ def test_exactly_once_says_what_it_covers_and_what_it_does_not() -> None:
 
 
 def test_the_tables_page_lists_every_table() -> None:
-    import pipelines.tables as tables
+    import pipelines.runtime.tables as tables
     from pipelines.storage.base import TableSpec
 
     text = (DOCS / "tables.md").read_text()

@@ -97,8 +97,8 @@ def test_pips_resolver_installs_neither_spark_nor_chdb_nor_matplotlib_with_the_w
 
 
 def test_charts_without_matplotlib_say_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipelines.app.plotting import pyplot
     from pipelines.errors import MedallionError
-    from pipelines.plotting import pyplot
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
     with pytest.raises(MedallionError) as missing:
@@ -111,7 +111,7 @@ def test_the_embedded_clickhouse_without_chdb_says_how_to_get_it(
 ) -> None:
     import importlib.util
 
-    from pipelines.settings import load_settings
+    from pipelines.config.settings import load_settings
     from pipelines.sinks import clickhouse
 
     find_spec = importlib.util.find_spec
@@ -135,5 +135,5 @@ def test_the_wheel_lists_every_package_and_maps_medallion_to_the_api() -> None:
         for top in ("pipelines", "bronze", "silver", "gold", "expectations")
         for p in (repo / top).rglob("__init__.py")
     }
-    assert set(config["packages"]) == (on_disk - {"pipelines.api"}) | {"medallion"}
-    assert config["package-dir"] == {"medallion": "pipelines/api"}
+    assert set(config["packages"]) == (on_disk - {"pipelines.app.api"}) | {"medallion"}
+    assert config["package-dir"] == {"medallion": "pipelines/app/api"}

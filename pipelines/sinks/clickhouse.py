@@ -14,9 +14,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from pipelines.config.sections import ClickHouseSettings
+from pipelines.config.settings import Settings, redact_url
 from pipelines.errors import MedallionError
-from pipelines.setting_sections import ClickHouseSettings
-from pipelines.settings import Settings, redact_url
 
 PROPERTY_VALUES_TABLE = "property_values"
 PROPERTY_VALUES_COLUMNS = (

@@ -32,9 +32,9 @@ import pyarrow.compute as pc
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from bronze.landing import LANDING_SCHEMA
+from pipelines.config.settings import KafkaSettings
 from pipelines.errors import InputError
 from pipelines.observability import KAFKA_LAG
-from pipelines.settings import KafkaSettings
 from pipelines.storage import AppTxn, TableSpec, TableStore
 from pipelines.storage.conform import conform
 

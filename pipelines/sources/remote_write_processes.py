@@ -28,13 +28,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pipelines.config.settings import Settings
 from pipelines.errors import MedallionError
 from pipelines.observability import multiprocess_dir
-from pipelines.settings import Settings
+from pipelines.runtime.stopping import stop_on
+from pipelines.runtime.tables import BRONZE_QUARANTINE, BRONZE_SAMPLES
 from pipelines.sources.remote_write_server import Receiver, address_family, serve
-from pipelines.stopping import stop_on
 from pipelines.storage import TableStore, open_store
-from pipelines.tables import BRONZE_QUARANTINE, BRONZE_SAMPLES
 
 log = logging.getLogger("medallion.remote_write")
 
@@ -85,7 +85,7 @@ def flush_retired(settings: Settings, store: TableStore, indexes: list[int]) -> 
 def _store(settings: Settings) -> TableStore:
     spark = None
     if settings.delta_engine == "delta-spark":
-        from pipelines.spark import build_spark
+        from pipelines.config.spark import build_spark
 
         spark = build_spark(settings)
     return open_store(settings, spark)

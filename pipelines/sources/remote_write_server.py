@@ -49,7 +49,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, His
 from prometheus_client import Counter as PromCounter
 
 from pipelines import observability
-from pipelines.settings import RemoteWriteSettings
+from pipelines.config.settings import RemoteWriteSettings
 from pipelines.sources import remote_write as codec
 from pipelines.sources.remote_write_rows import request_series, sample_count, samples_of
 from pipelines.sources.wal import WalFullError, WriteAheadLog

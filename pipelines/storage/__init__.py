@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pyspark.sql import SparkSession
 
-from pipelines.settings import Settings
+from pipelines.config.settings import Settings
 from pipelines.storage.base import (
     CHANGE_TYPE,
     COMMIT_TIMESTAMP,

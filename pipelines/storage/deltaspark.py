@@ -35,8 +35,8 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from pipelines.config.spark import has_delta_classes, session_confs
 from pipelines.errors import CommitConflictError, EngineUnavailableError, StorageError
-from pipelines.spark import has_delta_classes, session_confs
 from pipelines.storage.base import (
     AppTxn,
     Data,

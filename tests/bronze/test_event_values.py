@@ -18,7 +18,7 @@ from pyspark.sql import SparkSession
 
 from bronze.event_values import parse_event_values
 from bronze.events import parse_events
-from pipelines.fixtures import posthog_events
+from pipelines.demo.data import posthog_events
 from tests.helpers import landing, object_values
 
 MAX_BYTES = 1 << 20

@@ -8,7 +8,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from bronze.events import BRONZE_EVENTS_COLUMNS, parse_events
 from bronze.landing import quarantined, valid
-from pipelines.fixtures import posthog_events
+from pipelines.demo.data import posthog_events
 from tests.helpers import landing
 
 UUID = "0190a0c2-1111-7000-8000-00000000000"

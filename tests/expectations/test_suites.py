@@ -15,7 +15,7 @@ from expectations.suites import (
     silver_events,
     silver_page_changes,
 )
-from pipelines.tables import GOLD_PARTIALS, GOLD_PROPERTY_VALUES, SILVER_PAGE_CHANGES
+from pipelines.runtime.tables import GOLD_PARTIALS, GOLD_PROPERTY_VALUES, SILVER_PAGE_CHANGES
 
 T0 = datetime(2024, 6, 1, 0, 0)
 T1 = datetime(2024, 6, 1, 0, 1)

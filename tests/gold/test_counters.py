@@ -14,15 +14,15 @@ import pytest
 from pyspark.sql import SparkSession
 
 from gold.counters import RegistryError, by_version, load_registry
-from pipelines import jobs
+from pipelines.config.layers import counter, load_counter_registry
+from pipelines.config.settings import load_settings
 from pipelines.errors import SettingsError
-from pipelines.jobs import counters as counter_jobs
-from pipelines.layer_config import counter, load_counter_registry
-from pipelines.runner import Context
-from pipelines.settings import load_settings
+from pipelines.flows import counters as counter_jobs
+from pipelines.runtime import ingest, passes
+from pipelines.runtime.runner import Context
+from pipelines.runtime.tables import GOLD_COUNTER_MILESTONES, GOLD_COUNTERS
 from pipelines.sinks import clickhouse
 from pipelines.storage import open_store
-from pipelines.tables import GOLD_COUNTER_MILESTONES, GOLD_COUNTERS
 from tests.helpers import delta_rs_only  # noqa: F401  (the engine fixture: delta-rs here)
 
 pytestmark = pytest.mark.integration
@@ -102,15 +102,15 @@ def land(ctx: Context, tmp_path: Path, events: list[dict[str, Any]], name: str, 
         path = tmp_path / f"{name}-pod{pod}.jsonl"
         path.write_text("".join(json.dumps(e) + "\n" for e in events[pod::pods]))
         paths.append(path)
-    jobs.ingest_files(ctx, "events", paths)
-    jobs.silver_events(ctx)
+    ingest.ingest_files(ctx, "events", paths)
+    passes.silver_events(ctx)
 
 
 def run_counters(ctx: Context, drain: bool = False) -> None:
-    jobs.gold_counter_partials(ctx)
-    jobs.gold_counters(ctx, drain=drain)
-    jobs.counter_milestones(ctx)
-    jobs.export_counters(ctx)
+    passes.gold_counter_partials(ctx)
+    passes.gold_counters(ctx, drain=drain)
+    passes.counter_milestones(ctx)
+    passes.export_counters(ctx)
 
 
 def totals(ctx: Context) -> dict[tuple[str, str], int]:
@@ -163,20 +163,20 @@ def test_each_threshold_once_with_crashes_between_merge_and_milestones(
         batch = stream(seed=10 + run, n=250, minutes=5, start_minute=run * 5)
         everything += batch
         land(ctx, tmp_path, batch, f"run{run}")
-        jobs.gold_counter_partials(ctx)
-        jobs.gold_counters(ctx, drain=True)  # the MERGE commits ...
+        passes.gold_counter_partials(ctx)
+        passes.gold_counters(ctx, drain=True)  # the MERGE commits ...
 
         def crash(*_: Any) -> Any:
             raise RuntimeError("killed between the MERGE and the milestone write")
 
         monkeypatch.setattr(counter_jobs, "crossings", crash)
         with pytest.raises(RuntimeError, match="killed"):
-            jobs.counter_milestones(ctx)  # ... and the milestone step dies
+            passes.counter_milestones(ctx)  # ... and the milestone step dies
         monkeypatch.setattr(counter_jobs, "crossings", real)
         if run % 2:
-            jobs.counter_milestones(ctx)  # recovered at once on odd runs, one run later otherwise
-    jobs.counter_milestones(ctx)
-    jobs.counter_milestones(ctx)  # a rerun reads no counters version twice
+            passes.counter_milestones(ctx)  # recovered at once on odd runs, one run later otherwise
+    passes.counter_milestones(ctx)
+    passes.counter_milestones(ctx)  # a rerun reads no counters version twice
     got = milestones(ctx)
     assert len(got) == len(set(got)), "a threshold was written twice"
     assert got == expected_milestones(brute_force(everything))
@@ -199,8 +199,8 @@ def test_hot_entities_are_flushed_less_often_than_cold_ones(spark: SparkSession,
             for i in range(10)  # 9 views of "hot" and 1 of "cold" every minute
         ]
         land(ctx, tmp_path, events, f"m{minute}", pods=1)
-        jobs.gold_counter_partials(ctx)
-        jobs.gold_counters(ctx)
+        passes.gold_counter_partials(ctx)
+        passes.gold_counters(ctx)
     rows = {r["entity"]: r for r in ctx.store.read(GOLD_COUNTERS).where("counter = 'post_views'").collect()}
     cold, hot = rows["cold"], rows["hot"]
     # cold stays below 5 for its first 4 views (flushed every run), then every 3 minutes.
@@ -208,7 +208,7 @@ def test_hot_entities_are_flushed_less_often_than_cold_ones(spark: SparkSession,
     # hot passes 5 in its first run, then 40 within 5 runs: from then on every 10 minutes.
     assert hot["flushes"] <= 4 < 12
     assert hot["total"] < 12 * 9, "hot increments wait for their tier's interval"
-    jobs.gold_counters(ctx, drain=True)
+    passes.gold_counters(ctx, drain=True)
     assert {r["entity"]: r["total"] for r in ctx.store.read(GOLD_COUNTERS).collect()} == {"hot": 108, "cold": 12}
 
 
@@ -217,8 +217,8 @@ def test_a_crashed_export_is_resent_and_clickhouse_drops_the_repeat(
 ) -> None:
     ctx = make_ctx(spark, tmp_path, engine=engine)
     land(ctx, tmp_path, stream(seed=5, n=200, minutes=3), "a")
-    jobs.gold_counter_partials(ctx)
-    jobs.gold_counters(ctx, drain=True)
+    passes.gold_counter_partials(ctx)
+    passes.gold_counters(ctx, drain=True)
     real_append = ctx.store.append
 
     def append(spec: Any, *args: Any, **kwargs: Any) -> Any:
@@ -228,9 +228,9 @@ def test_a_crashed_export_is_resent_and_clickhouse_drops_the_repeat(
 
     monkeypatch.setattr(ctx.store, "append", append)
     with pytest.raises(RuntimeError, match="killed"):
-        jobs.export_counters(ctx)
+        passes.export_counters(ctx)
     monkeypatch.setattr(ctx.store, "append", real_append)
-    jobs.export_counters(ctx)
+    passes.export_counters(ctx)
     final, raw = clickhouse_counters(ctx)
     assert final == totals(ctx)
     assert raw == len(final), "the resent insert was dropped by its token"

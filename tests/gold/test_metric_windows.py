@@ -14,14 +14,14 @@ import pytest
 from pyspark.sql import SparkSession
 
 from gold.metric_windows import cms_estimate, merge_cms
-from pipelines import jobs
-from pipelines.metrics import dropped_late, query
-from pipelines.runner import Context
-from pipelines.settings import load_settings
+from pipelines.app.metric_queries import dropped_late, query
+from pipelines.config.settings import load_settings
+from pipelines.runtime import passes
+from pipelines.runtime.runner import Context
+from pipelines.runtime.tables import BRONZE_SAMPLES, GOLD_METRIC_WINDOWS
 from pipelines.sources.remote_write import Series, from_series
 from pipelines.sources.remote_write_rows import samples_table
 from pipelines.storage import open_store
-from pipelines.tables import BRONZE_SAMPLES, GOLD_METRIC_WINDOWS
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 MS = 1000
@@ -42,8 +42,8 @@ def land(ctx: Context, samples: list[Sample]) -> None:
 
 
 def step(ctx: Context, drain: bool = False) -> None:
-    jobs.silver_metric_panes(ctx, drain=drain)
-    jobs.gold_metric_windows(ctx)
+    passes.silver_metric_panes(ctx, drain=drain)
+    passes.gold_metric_windows(ctx)
 
 
 def counters(seed: int, minutes: int = 16, every_s: int = 10) -> list[Sample]:

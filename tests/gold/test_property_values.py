@@ -8,7 +8,7 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from gold.property_values import FanoutRules, fan_out, merge_source, partials
-from pipelines.fixtures import posthog_events
+from pipelines.demo.data import posthog_events
 from silver.properties import parse_documents
 
 T = datetime(2024, 6, 1, 0, 0, 10, tzinfo=UTC)

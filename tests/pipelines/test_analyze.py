@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipelines.fixtures import PAGE_CHANGE_FILES
+from pipelines.demo.data import PAGE_CHANGE_FILES
 
 
 def test_analyze_dedup_on_the_fixtures_reproduces_the_worked_example(tmp_path: Path) -> None:
@@ -15,7 +15,7 @@ def test_analyze_dedup_on_the_fixtures_reproduces_the_worked_example(tmp_path: P
     for path in PAGE_CHANGE_FILES:
         args += ["--file", str(path)]
     done = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "--lake-root", str(tmp_path / "lake"), *args],
+        [sys.executable, "-m", "pipelines.app.cli", "--lake-root", str(tmp_path / "lake"), *args],
         capture_output=True,
         text=True,
         env=env,

@@ -8,7 +8,7 @@ from pathlib import Path
 import medallion
 from pyspark.sql import SparkSession
 
-from pipelines import fixtures
+from pipelines.demo import data as fixtures
 from tests.helpers import once_per_identity
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from pipelines.bench.workloads import SIZES
+from pipelines.dev.bench.workloads import SIZES
 from tests.demo_lake import DEMO_GROUP
 from tests.infra import ensure_apt_packages, require_or_skip
 
@@ -51,7 +51,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEDALLION_")}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
     done = subprocess.run(  # from another folder, with the default (relative) output folder
-        [sys.executable, "-m", "pipelines.cli", "bench", "--size", "XS", "--repeats", "1"],
+        [sys.executable, "-m", "pipelines.app.cli", "bench", "--size", "XS", "--repeats", "1"],
         capture_output=True,
         text=True,
         env=env,
@@ -258,7 +258,7 @@ def test_fixed_costs_time_a_noop_and_a_one_event_run_of_every_event_path_job(
 def test_a_pass_of_run_all_is_timed_empty_and_with_one_event_per_flow_and_in_total(
     bench: tuple[Path, dict[str, Any], str],
 ) -> None:
-    from pipelines.bench.passes import EVENT_LOG_STEP
+    from pipelines.dev.bench.passes import EVENT_LOG_STEP
     from pipelines.flows import runnable
 
     out, result, _ = bench

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.bench.peers import PEERS, PROMETHEUS, VICTORIA_METRICS, Peer, PeerKind
+from pipelines.dev.bench.peers import PEERS, PROMETHEUS, VICTORIA_METRICS, Peer, PeerKind
 from pipelines.sources import remote_write as codec
 from tests.helpers import PROM_HEADERS
 from tests.infra import ensure_apt_packages, require_or_skip

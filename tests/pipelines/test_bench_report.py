@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipelines.bench.report import markdown, write
+from pipelines.dev.bench.report import markdown, write
 
 PNG = b"\x89PNG\r\n\x1a\n"
 BRONZE, GOLD = "files -> bronze (events)", "gold (stage 1 + 2)"

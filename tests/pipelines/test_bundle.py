@@ -18,8 +18,8 @@ import yaml
 from databricks.bundles.jobs import ClusterSpec, Job, JobRunAs
 from packaging.specifiers import SpecifierSet
 
-from pipelines.cli import cli
-from pipelines.settings import Settings, env_name, load_settings
+from pipelines.app.cli import cli
+from pipelines.config.settings import Settings, env_name, load_settings
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = yaml.safe_load((REPO / "databricks.yml").read_text())
@@ -274,11 +274,11 @@ def test_cluster_environment_names_real_settings() -> None:
 
 # -- the pipeline ---------------------------------------------------------------------------------
 def test_the_pipeline_job_file_is_the_one_the_flow_registry_generates() -> None:
-    from pipelines import bundle
+    from pipelines.app import bundle
 
     assert (REPO / "resources" / "medallion.job.yml").read_text() == bundle.render(), (
         "resources/medallion.job.yml differs from the flow registry: regenerate it with "
-        "`python -m pipelines.bundle > resources/medallion.job.yml`"
+        "`python -m pipelines.app.bundle > resources/medallion.job.yml`"
     )
 
 
@@ -375,7 +375,7 @@ def test_every_task_calls_a_real_console_script_with_real_options_and_settings(
     wheel = task["python_wheel_task"]
     scripts = {ep.name: ep.value for ep in entry_points(group="console_scripts")}
     assert wheel["package_name"] == "medallion"
-    assert scripts.get(wheel["entry_point"]) == "pipelines.cli:main"
+    assert scripts.get(wheel["entry_point"]) == "pipelines.app.cli:main"
     args = resolve(wheel_args(task))
     # Parse exactly as the CLI would, without running anything.
     ctx = cli.make_context("medallion", list(args), resilient_parsing=False)

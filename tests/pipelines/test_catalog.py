@@ -15,7 +15,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
-from pipelines.settings import load_settings
+from pipelines.config.settings import load_settings
 from pipelines.storage import AppTxn, open_store
 from tests.pipelines.test_storage_contract import SCHEMA, SPEC, T0, rows
 

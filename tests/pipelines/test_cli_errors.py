@@ -104,7 +104,7 @@ def test_arguments_are_refused_in_one_line_before_spark_starts(
 
 
 def test_verbose_turns_on_the_pipelines_loggers_and_leaves_py4j_at_warnings() -> None:
-    from pipelines.cli import configure_logging
+    from pipelines.app.cli import configure_logging
 
     try:
         configure_logging(verbose=True)

@@ -21,13 +21,13 @@ import pytest
 import yaml
 from pyspark.sql import SparkSession
 
-from pipelines import jobs
-from pipelines.eventlog import EXPECTATION_RESULTS, PIPELINE_EVENTS, RunRecord
-from pipelines.runner import Context
-from pipelines.settings import Settings
+from pipelines.config.settings import Settings
+from pipelines.runtime import ingest, passes
+from pipelines.runtime.eventlog import EXPECTATION_RESULTS, PIPELINE_EVENTS, RunRecord
+from pipelines.runtime.runner import Context
+from pipelines.runtime.tables import GOLD_PARTIALS, GOLD_PROPERTY_VALUES
 from pipelines.storage import TableSpec, open_store
 from pipelines.storage.deltars import DeltaRsStore
-from pipelines.tables import GOLD_PARTIALS, GOLD_PROPERTY_VALUES
 
 pytestmark = pytest.mark.integration
 
@@ -114,8 +114,8 @@ def lake(spark: SparkSession, engine: str, engine_settings: Callable[..., Settin
         path = tmp_path / f"team-{team}.jsonl"
         path.write_text("".join(json.dumps(e) + "\n" for e in team_events(team)))
         files.append(path)
-    jobs.ingest_files(ctx, "events", files)
-    assert jobs.silver_events(ctx).rows_out == len(TEAMS) * EVENTS_PER_TEAM
+    ingest.ingest_files(ctx, "events", files)
+    assert passes.silver_events(ctx).rows_out == len(TEAMS) * EVENTS_PER_TEAM
     return settings
 
 
@@ -136,7 +136,7 @@ def test_four_bucket_tasks_at_once_all_commit_first_time_and_gold_equals_the_han
     def task(bucket: int) -> None:
         try:
             ctx = contexts[bucket]
-            results[bucket] = (jobs.gold_partials(ctx, [bucket]), jobs.gold_merge(ctx, [bucket]))
+            results[bucket] = (passes.gold_partials(ctx, [bucket]), passes.gold_merge(ctx, [bucket]))
         except BaseException as exc:
             errors.append(exc)
             barrier.abort()

@@ -15,13 +15,13 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from pipelines import jobs
-from pipelines.eventlog import PIPELINE_EVENTS
-from pipelines.fixtures import PAGE_CHANGE_FILES
-from pipelines.runner import Context
-from pipelines.settings import load_settings
+from pipelines.config.settings import load_settings
+from pipelines.demo.data import PAGE_CHANGE_FILES
+from pipelines.runtime import ingest, passes
+from pipelines.runtime.eventlog import PIPELINE_EVENTS
+from pipelines.runtime.runner import Context
+from pipelines.runtime.tables import SILVER_EVENTS, SILVER_PAGE_CHANGES
 from pipelines.storage import TableSpec, TableStore, open_store
-from pipelines.tables import SILVER_EVENTS, SILVER_PAGE_CHANGES
 from tests.infra import KafkaBroker, unique_name
 from tests.pipelines.test_export import clickhouse_state, event, gold_state, write
 from tests.pipelines.test_kafka_ingest import settings_env
@@ -39,9 +39,9 @@ def make_ctx(spark: SparkSession, lake: Path, engine: str, **silver: Any) -> Con
 
 
 def downstream(ctx: Context) -> None:
-    jobs.gold_partials(ctx)
-    jobs.gold_merge(ctx)
-    jobs.export_property_values(ctx, drain=True)
+    passes.gold_partials(ctx)
+    passes.gold_merge(ctx)
+    passes.export_property_values(ctx, drain=True)
 
 
 def silver_uuids(store: TableStore) -> list[str]:
@@ -57,20 +57,20 @@ def test_repeats_within_a_batch_across_batches_and_across_files_are_counted_once
     spark: SparkSession, engine: str, tmp_path: Path
 ) -> None:
     once = make_ctx(spark, tmp_path / "once", engine)
-    jobs.ingest_files(once, "events", [write(tmp_path / "once.jsonl", STREAM)])
-    jobs.silver_events(once)
+    ingest.ingest_files(once, "events", [write(tmp_path / "once.jsonl", STREAM)])
+    passes.silver_events(once)
     downstream(once)
 
     twice = make_ctx(spark, tmp_path / "twice", engine)
     # Batch 1: a file with three lines sent twice, and a second file overlapping the first.
     a = write(tmp_path / "a.jsonl", STREAM[:20] + STREAM[5:8])
     b = write(tmp_path / "b.jsonl", STREAM[10:25])
-    jobs.ingest_files(twice, "events", [a, b])
-    first = jobs.silver_events(twice)
+    ingest.ingest_files(twice, "events", [a, b])
+    first = passes.silver_events(twice)
     # Batch 2: the rest, re-exported with some of what silver already holds.
     c = write(tmp_path / "c.jsonl", STREAM[15:30] + STREAM[0:2])
-    jobs.ingest_files(twice, "events", [c])
-    second = jobs.silver_events(twice)
+    ingest.ingest_files(twice, "events", [c])
+    second = passes.silver_events(twice)
     downstream(twice)
 
     assert silver_uuids(twice.store) == sorted(e["uuid"] for e in STREAM)
@@ -90,14 +90,14 @@ def test_a_repeat_beyond_the_horizon_is_counted_again_and_zero_turns_it_off(
 
     repeats = [STREAM[0], late(STREAM[0], 2), STREAM[1], STREAM[1]]  # 0 again after 2 h; 1 twice at once
     ctx = make_ctx(spark, tmp_path / "hour", engine, dedup_horizon="1h")
-    jobs.ingest_files(ctx, "events", [write(tmp_path / "r.jsonl", repeats)])
-    record = jobs.silver_events(ctx)
+    ingest.ingest_files(ctx, "events", [write(tmp_path / "r.jsonl", repeats)])
+    record = passes.silver_events(ctx)
     assert (record.rows_out, record.metrics["duplicates_dropped"]) == (3, 1)
     assert silver_uuids(ctx.store) == sorted([STREAM[0]["uuid"], STREAM[0]["uuid"], STREAM[1]["uuid"]])
 
     off = make_ctx(spark, tmp_path / "off", engine, dedup_horizon="0")
-    jobs.ingest_files(off, "events", [write(tmp_path / "r.jsonl", repeats)])
-    record = jobs.silver_events(off)
+    ingest.ingest_files(off, "events", [write(tmp_path / "r.jsonl", repeats)])
+    record = passes.silver_events(off)
     assert record.rows_out == 4 and "duplicates_dropped" not in record.metrics
 
 
@@ -109,9 +109,9 @@ def test_a_crash_between_the_dedup_read_and_the_commit_leaves_silver_as_one_clea
     spark: SparkSession, engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ctx = make_ctx(spark, tmp_path / "lake", engine)
-    jobs.ingest_files(ctx, "events", [write(tmp_path / "a.jsonl", STREAM[:20])])
-    jobs.silver_events(ctx)
-    jobs.ingest_files(ctx, "events", [write(tmp_path / "b.jsonl", STREAM[10:30] + STREAM[12:14])])
+    ingest.ingest_files(ctx, "events", [write(tmp_path / "a.jsonl", STREAM[:20])])
+    passes.silver_events(ctx)
+    ingest.ingest_files(ctx, "events", [write(tmp_path / "b.jsonl", STREAM[10:30] + STREAM[12:14])])
     engine_store = type(ctx.store)
     real_read_since, real_append = engine_store.read_since, engine_store.append
     reads: list[TableSpec] = []
@@ -129,9 +129,9 @@ def test_a_crash_between_the_dedup_read_and_the_commit_leaves_silver_as_one_clea
     monkeypatch.setattr(engine_store, "read_since", reading)
     monkeypatch.setattr(engine_store, "append", crash)
     with pytest.raises(Crash):
-        jobs.silver_events(ctx)
+        passes.silver_events(ctx)
     monkeypatch.setattr(engine_store, "append", real_append)
-    rerun = jobs.silver_events(ctx)
+    rerun = passes.silver_events(ctx)
     assert (rerun.rows_out, rerun.metrics["duplicates_dropped"]) == (10, 12)
     assert silver_uuids(ctx.store) == sorted(e["uuid"] for e in STREAM)
 
@@ -178,8 +178,8 @@ def test_silver_is_read_only_in_the_files_the_horizon_covers(spark: SparkSession
                 ]
                 for e in events:
                     e["uuid"] = e["uuid"][:-6] + f"{day:02d}{minute}" + e["uuid"][-2:]
-                jobs.ingest_files(ctx, "events", [write(tmp_path / f"day{day}-{minute}.jsonl", events)])
-                jobs.silver_events(ctx)
+                ingest.ingest_files(ctx, "events", [write(tmp_path / f"day{day}-{minute}.jsonl", events)])
+                passes.silver_events(ctx)
     second_runs = files_read[1::2]
     assert second_runs == [1] * 5, files_read  # the morning's file, not one more per day
     assert ctx.store.stats(SILVER_EVENTS).files == 10
@@ -202,19 +202,19 @@ def test_kafka_messages_sent_twice_are_one_event(
     monkeypatch.setenv("MEDALLION_GOLD__WINDOW", "30s")
     monkeypatch.setenv("MEDALLION_GOLD__GRACE", "60s")
     ctx = Context(settings=load_settings(), spark=spark, store=open_store(load_settings(), spark))
-    jobs.ingest_kafka(ctx, once=True, max_batch=100, max_wait=0.5)
-    first = jobs.silver_events(ctx)
+    ingest.ingest_kafka(ctx, once=True, max_batch=100, max_wait=0.5)
+    first = passes.silver_events(ctx)
     kafka_broker.produce(topic, messages[6:] + [json.dumps(e).encode() for e in STREAM[10:12]])
-    jobs.ingest_kafka(ctx, once=True, max_batch=100, max_wait=0.5)
-    second = jobs.silver_events(ctx)
+    ingest.ingest_kafka(ctx, once=True, max_batch=100, max_wait=0.5)
+    second = passes.silver_events(ctx)
     assert (first.rows_out, first.metrics["duplicates_dropped"]) == (10, 4)
     assert (second.rows_out, second.metrics["duplicates_dropped"]) == (2, 4)
     assert silver_uuids(ctx.store) == sorted(e["uuid"] for e in STREAM[:12])
     downstream(ctx)
 
     once = make_ctx(spark, tmp_path / "once", engine)
-    jobs.ingest_files(once, "events", [write(tmp_path / "once.jsonl", STREAM[:12])])
-    jobs.silver_events(once)
+    ingest.ingest_files(once, "events", [write(tmp_path / "once.jsonl", STREAM[:12])])
+    passes.silver_events(once)
     downstream(once)
     assert gold_state(ctx) == gold_state(once)
     assert clickhouse_state(ctx) == clickhouse_state(once)
@@ -229,8 +229,8 @@ def test_page_changes_drop_an_exact_repeat_of_meta_id_and_count_it(
 
     def emitted(lake: str, files: list[str]) -> tuple[list[tuple], Any]:
         ctx = make_ctx(spark, tmp_path / lake, engine)
-        jobs.ingest_files(ctx, "page_changes", [tmp_path / f for f in files])
-        record = jobs.silver_page_changes(ctx, drain=True)
+        ingest.ingest_files(ctx, "page_changes", [tmp_path / f for f in files])
+        record = passes.silver_page_changes(ctx, drain=True)
         rows = ctx.store.read(SILVER_PAGE_CHANGES).drop("raw").collect()
         return sorted(tuple(r) for r in rows), record
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from pipelines.settings import load_settings
+from pipelines.config.settings import load_settings
 from pipelines.storage import AppTxn, TableSpec, open_store
 from pipelines.storage.deltaspark import DeltaSparkStore
 from tests.pipelines.test_storage_contract import SCHEMA, SPEC, T0, rows

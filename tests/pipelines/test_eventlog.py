@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from pipelines.eventlog import EventLog, RunRecord, recorded
-from pipelines.flows import run_pass
-from pipelines.runner import Context, run_job
+from pipelines.runtime.eventlog import EventLog, RunRecord, recorded
+from pipelines.runtime.passes import run_pass
+from pipelines.runtime.runner import Context, run_job
 from pipelines.storage.deltars import DeltaRsStore
 
 RESULT = {
@@ -125,12 +125,15 @@ class FakeFlow:
     name: str
     fails: bool = False
 
-    def execute(self, ctx: Context, options: object) -> RunRecord:
-        def body(record: RunRecord) -> None:
-            if self.fails:
-                raise RuntimeError(f"{self.name} broke")
 
-        return run_job(ctx, self.name, body)
+def fake_run(ctx: Context, flow: FakeFlow, options: object, handoff: object) -> RunRecord:
+    """The runner of a :class:`FakeFlow`: a job that does nothing, or breaks."""
+
+    def body(record: RunRecord) -> None:
+        if flow.fails:
+            raise RuntimeError(f"{flow.name} broke")
+
+    return run_job(ctx, flow.name, body)
 
 
 def pass_context(log: EventLog) -> Context:
@@ -139,7 +142,7 @@ def pass_context(log: EventLog) -> Context:
 
 def test_a_pass_left_after_its_first_flow_writes_that_flows_row_when_it_is_closed(log: EventLog) -> None:
     ctx = pass_context(log)
-    records = run_pass(ctx, [FakeFlow("a"), FakeFlow("b")])  # type: ignore[list-item]
+    records = run_pass(ctx, [FakeFlow("a"), FakeFlow("b")], run=fake_run)  # type: ignore[list-item,arg-type]
     assert next(records).job == "a"
     assert commits(ctx.events, "pipeline_events") == []
     records.close()  # as `medallion run` does on a stop
@@ -149,13 +152,13 @@ def test_a_pass_left_after_its_first_flow_writes_that_flows_row_when_it_is_close
 def test_a_pass_with_a_failing_flow_writes_the_rows_before_it_and_its_own(log: EventLog) -> None:
     ctx = pass_context(log)
     with pytest.raises(RuntimeError, match="b broke"):
-        list(run_pass(ctx, [FakeFlow("a"), FakeFlow("b", fails=True), FakeFlow("c")]))  # type: ignore[list-item]
+        list(run_pass(ctx, [FakeFlow("a"), FakeFlow("b", fails=True), FakeFlow("c")], run=fake_run))  # type: ignore[list-item,arg-type]
     assert commits(ctx.events, "pipeline_events") == [[("a", "ok"), ("b", "failed")]]
 
 
 def test_a_pass_closed_on_another_thread_still_ends_its_openers_block(log: EventLog) -> None:
     ctx = pass_context(log)
-    records = run_pass(ctx, [FakeFlow("a"), FakeFlow("b")])  # type: ignore[list-item]
+    records = run_pass(ctx, [FakeFlow("a"), FakeFlow("b")], run=fake_run)  # type: ignore[list-item,arg-type]
     assert next(records).job == "a"
     closer = threading.Thread(target=records.close)
     closer.start()

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from pipelines import jobs
-from pipelines.eventlog import PIPELINE_EVENTS
-from pipelines.runner import Context
-from pipelines.settings import load_settings
+from pipelines.config.settings import load_settings
+from pipelines.runtime import ingest, passes
+from pipelines.runtime.eventlog import PIPELINE_EVENTS
+from pipelines.runtime.runner import Context
+from pipelines.runtime.tables import EXPORT_OUTBOX, GOLD_EXPORTED, GOLD_PARTIALS, GOLD_PROPERTY_VALUES
 from pipelines.sinks import clickhouse
 from pipelines.storage import AppTxn, TableSpec, TableStore, open_store
-from pipelines.tables import EXPORT_OUTBOX, GOLD_EXPORTED, GOLD_PARTIALS, GOLD_PROPERTY_VALUES
 from tests.helpers import delta_rs_only  # noqa: F401  (the engine fixture: delta-rs here)
 
 pytestmark = pytest.mark.integration
@@ -45,11 +45,11 @@ def make_ctx(spark: SparkSession, lake: Path, engine: str = "delta-rs", **gold: 
 
 
 def pipeline(ctx: Context, files: list[Path], drain: bool = True) -> None:
-    jobs.ingest_files(ctx, "events", files)
-    jobs.silver_events(ctx)
-    jobs.gold_partials(ctx)
-    jobs.gold_merge(ctx)
-    jobs.export_property_values(ctx, drain=drain)
+    ingest.ingest_files(ctx, "events", files)
+    passes.silver_events(ctx)
+    passes.gold_partials(ctx)
+    passes.gold_merge(ctx)
+    passes.export_property_values(ctx, drain=drain)
 
 
 def clickhouse_state(ctx: Context) -> tuple[dict[tuple, int], int]:
@@ -140,9 +140,9 @@ def test_only_closed_windows_are_exported_once_and_sums_equal_gold(spark: SparkS
     sums, raw = clickhouse_state(ctx)
     # Newest event 00:02:57, grace 60 s: windows ending by 00:01:57 are closed: 00:00:00 .. 00:01:00.
     assert sorted({k[-1] % 3600 for k in sums}) == [0, 30, 60]
-    again = jobs.export_property_values(ctx)
+    again = passes.export_property_values(ctx)
     assert again.status == "noop"
-    jobs.export_property_values(ctx, drain=True)
+    passes.export_property_values(ctx, drain=True)
     sums, raw = clickhouse_state(ctx)
     gold = gold_state(ctx)
     assert sums == gold and raw == len(gold)  # one record per tuple and window, nothing late
@@ -155,7 +155,7 @@ def test_late_counts_after_export_go_out_as_a_correction_row(spark: SparkSession
     before_sums, before_raw = clickhouse_state(ctx)
     late = [event(1000, second=5, props={"plan": "free"})]  # lands in the first, exported window
     pipeline(ctx, [write(tmp_path / "late.jsonl", late)])
-    record = jobs.export_property_values(ctx, drain=True)
+    record = passes.export_property_values(ctx, drain=True)
     sums, raw = clickhouse_state(ctx)
     assert sums == gold_state(ctx)
     assert raw == before_raw + 1  # one correction row ...
@@ -473,8 +473,9 @@ def test_a_table_from_before_last_seen_gets_the_column_and_a_ttl(tmp_path: Path)
 
 
 def test_validation_leaves_out_windows_the_ttl_may_have_expired(spark: SparkSession, tmp_path: Path) -> None:
-    from pipelines.eventlog import RunRecord
-    from pipelines.quality import validate_tables
+    from pipelines import flows
+    from pipelines.runtime.eventlog import RunRecord
+    from pipelines.runtime.quality import validate_tables
 
     ctx = make_ctx(spark, tmp_path / "lake")
     ctx.settings.clickhouse.ttl_days = 30  # the 2024 events here are long past it
@@ -483,7 +484,7 @@ def test_validation_leaves_out_windows_the_ttl_may_have_expired(spark: SparkSess
         client.command("OPTIMIZE TABLE property_values FINAL")  # a merge: the TTL deletes every row
         assert clickhouse.query_rows(client, "SELECT count() FROM property_values") == [(0,)]
     assert gold_state(ctx)  # while gold and the export state still hold them
-    (result,) = validate_tables(ctx, RunRecord("validate"), ["clickhouse/property_values"])
+    (result,) = validate_tables(ctx, RunRecord("validate"), ["clickhouse/property_values"], flows.table_checks())
     assert result.validation is not None and not result.validation.failed
     assert result.note and "clickhouse.ttl_days=30" in result.note
 

@@ -16,13 +16,13 @@ import cramjam
 import pytest
 from pyspark.sql import SparkSession
 
-from pipelines import jobs
+from pipelines.config.settings import Settings
 from pipelines.errors import InputError
-from pipelines.runner import Context
-from pipelines.settings import Settings
+from pipelines.runtime import ingest
+from pipelines.runtime.runner import Context
+from pipelines.runtime.tables import BRONZE_EVENTS, BRONZE_QUARANTINE
 from pipelines.sources.files import compression_of, file_digests, landing_rows
 from pipelines.storage import open_store
-from pipelines.tables import BRONZE_EVENTS, BRONZE_QUARANTINE
 from tests.pipelines.test_jobs import write_events
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -97,9 +97,9 @@ def test_an_empty_file_lands_as_a_file_of_no_records_beside_the_others(ctx: Cont
     empty = tmp_path / "empty.jsonl"
     empty.write_bytes(b"")
     good = write_events(tmp_path / "good.jsonl", 1, 3)
-    record = jobs.ingest_files(ctx, "events", [empty, good])
+    record = ingest.ingest_files(ctx, "events", [empty, good])
     assert (record.status, record.rows_in, record.rows_out, record.metrics["files"]) == ("ok", 3, 3, 2)
-    again = jobs.ingest_files(ctx, "events", [empty, good])  # both recorded: nothing to do
+    again = ingest.ingest_files(ctx, "events", [empty, good])  # both recorded: nothing to do
     assert (again.status, again.metrics["files_skipped"]) == ("noop", 2)
     assert ctx.store.read(BRONZE_EVENTS).count() == 3
 
@@ -135,7 +135,7 @@ def test_a_compressed_file_is_refused_by_name_and_the_others_land(ctx: Context, 
     packed = tmp_path / "more.jsonl.gz"
     packed.write_bytes(gzip.compress(write_events(tmp_path / "more.jsonl", 1, 5).read_bytes()))
     with pytest.raises(InputError) as refused:
-        jobs.ingest_files(ctx, "events", [packed, good])
+        ingest.ingest_files(ctx, "events", [packed, good])
     assert (
         str(refused.value)
         == f"{packed}: not landed, gzip-compressed: gunzip it first; the other files were landed (ok)"

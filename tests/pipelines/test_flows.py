@@ -18,12 +18,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from pipelines import bundle, fixtures, flows
-from pipelines.eventlog import PIPELINE_EVENTS
-from pipelines.flows import Flow
-from pipelines.incremental import Batch, FlowRecord
+from pipelines import flows
+from pipelines.app import bundle
+from pipelines.demo import data as fixtures
+from pipelines.runtime.eventlog import PIPELINE_EVENTS
+from pipelines.runtime.flow_types import Batch, Flow, FlowRecord
+from pipelines.runtime.tables import SILVER_EVENTS
 from pipelines.storage import TableSpec
-from pipelines.tables import SILVER_EVENTS
 from tests.helpers import once_per_identity
 
 REPO = Path(__file__).resolve().parents[2]

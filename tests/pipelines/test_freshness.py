@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.bench.freshness import (
+from pipelines.dev.bench.freshness import (
     Arrivals,
     Produced,
     clickhouse_check,
@@ -16,7 +16,7 @@ from pipelines.bench.freshness import (
     summarize,
     weighted_quantile,
 )
-from pipelines.services import tansu_binary
+from pipelines.dev.services import tansu_binary
 
 # Windows of 10 s: [100, 110) and [110, 120).
 PRODUCED = [(100.0, 3), (105.0, 2), (112.0, 4)]

@@ -13,14 +13,14 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipelines.eventlog import RunRecord
+from pipelines.config.settings import Settings
 from pipelines.flows import flow
-from pipelines.incremental import gated_append
-from pipelines.quality import ExpectationFailed, gate_in_write
-from pipelines.runner import Context
-from pipelines.settings import Settings
+from pipelines.runtime.eventlog import RunRecord
+from pipelines.runtime.incremental import gated_append
+from pipelines.runtime.quality import ExpectationFailed, gate_in_write
+from pipelines.runtime.runner import Context
+from pipelines.runtime.tables import EXPORT_OUTBOX, SILVER_EVENTS
 from pipelines.storage import AppTxn, open_store
-from pipelines.tables import EXPORT_OUTBOX, SILVER_EVENTS
 from tests.helpers import counting_reads
 
 TXN = AppTxn("medallion/silver.events<-bronze/events", 1)

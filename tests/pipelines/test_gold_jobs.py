@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from pipelines import jobs
-from pipelines.runner import Context, Increment
-from pipelines.settings import Settings
+from pipelines.config.settings import Settings
+from pipelines.runtime import ingest, passes
+from pipelines.runtime.progress import Increment
+from pipelines.runtime.runner import Context
+from pipelines.runtime.tables import GOLD_PARTIALS, GOLD_PROPERTY_VALUES
 from pipelines.storage import open_store
-from pipelines.tables import GOLD_PARTIALS, GOLD_PROPERTY_VALUES
 from tests.pipelines.test_jobs import write_events
 
 
@@ -31,8 +32,8 @@ def gold_counts(ctx: Context) -> list[tuple[int, str, str, int]]:
 def test_stage_two_right_after_stage_one_merges_its_partials_without_reading_them_back(
     ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    jobs.ingest_files(ctx, "events", [write_events(tmp_path / "a.jsonl", 1, 10)])
-    jobs.silver_events(ctx)
+    ingest.ingest_files(ctx, "events", [write_events(tmp_path / "a.jsonl", 1, 10)])
+    passes.silver_events(ctx)
     read = Increment.read
 
     def no_partials(self: Increment, store: object) -> object:
@@ -40,7 +41,7 @@ def test_stage_two_right_after_stage_one_merges_its_partials_without_reading_the
         return read(self, store)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Increment, "read", no_partials)
-    partials, merged = jobs.gold_property_values(ctx)
+    partials, merged = passes.gold_property_values(ctx)
     assert (partials.status, merged.status) == ("ok", "ok")
     # 10 events, $browser alternating Firefox / Chrome and n alternating 0 / 1, in one window.
     assert gold_counts(ctx) == [
@@ -53,12 +54,12 @@ def test_stage_two_right_after_stage_one_merges_its_partials_without_reading_the
 
 
 def test_stage_two_reads_the_table_when_more_than_stage_ones_write_is_pending(ctx: Context, tmp_path: Path) -> None:
-    jobs.ingest_files(ctx, "events", [write_events(tmp_path / "a.jsonl", 1, 10)])
-    jobs.silver_events(ctx)
-    jobs.gold_partials(ctx)  # another pod's stage 1, not merged yet
-    jobs.ingest_files(ctx, "events", [write_events(tmp_path / "b.jsonl", 1, 4, start=10)])
-    jobs.silver_events(ctx)
-    _, merged = jobs.gold_property_values(ctx)
+    ingest.ingest_files(ctx, "events", [write_events(tmp_path / "a.jsonl", 1, 10)])
+    passes.silver_events(ctx)
+    passes.gold_partials(ctx)  # another pod's stage 1, not merged yet
+    ingest.ingest_files(ctx, "events", [write_events(tmp_path / "b.jsonl", 1, 4, start=10)])
+    passes.silver_events(ctx)
+    _, merged = passes.gold_property_values(ctx)
     assert merged.metrics["partial_rows"] == 8
     assert gold_counts(ctx) == [
         (1, "$browser", "Chrome", 7),
@@ -66,4 +67,4 @@ def test_stage_two_reads_the_table_when_more_than_stage_ones_write_is_pending(ct
         (1, "n", "0", 7),
         (1, "n", "1", 7),
     ]
-    assert jobs.gold_merge(ctx).status == "noop"
+    assert passes.gold_merge(ctx).status == "noop"

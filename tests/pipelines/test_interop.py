@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 from pyspark.testing import assertDataFrameEqual
 
-from pipelines.settings import load_settings
+from pipelines.config.settings import load_settings
 from pipelines.storage import CHANGE_TYPE, COMMIT_VERSION, AppTxn, TableSpec, TableStore, open_store
 
 SCHEMA = StructType(

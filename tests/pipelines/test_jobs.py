@@ -13,14 +13,14 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from pipelines import jobs
+from pipelines.config.settings import Settings
 from pipelines.errors import InputError
-from pipelines.eventlog import PIPELINE_EVENTS
-from pipelines.jobs import silver as silver_jobs
-from pipelines.runner import Context
-from pipelines.settings import Settings
+from pipelines.flows import silver as silver_jobs
+from pipelines.runtime import ingest, passes
+from pipelines.runtime.eventlog import PIPELINE_EVENTS
+from pipelines.runtime.runner import Context
+from pipelines.runtime.tables import BRONZE_EVENTS, BRONZE_QUARANTINE, SILVER_EVENTS
 from pipelines.storage import TableSpec, TableStore, open_store
-from pipelines.tables import BRONZE_EVENTS, BRONZE_QUARANTINE, SILVER_EVENTS
 
 
 @pytest.fixture
@@ -58,11 +58,11 @@ def uuids(store: TableStore, spec: TableSpec) -> list[str]:
 
 
 def test_jobs_read_only_commits_they_have_not_processed(ctx: Context, tmp_path: Path) -> None:
-    jobs.ingest_files(ctx, "events", [write_events(tmp_path / "a.jsonl", 1, 10)])
-    assert jobs.silver_events(ctx).rows_out == 10
-    jobs.ingest_files(ctx, "events", [write_events(tmp_path / "b.jsonl", 2, 5)])
-    assert jobs.silver_events(ctx).rows_out == 5
-    again = jobs.silver_events(ctx)
+    ingest.ingest_files(ctx, "events", [write_events(tmp_path / "a.jsonl", 1, 10)])
+    assert passes.silver_events(ctx).rows_out == 10
+    ingest.ingest_files(ctx, "events", [write_events(tmp_path / "b.jsonl", 2, 5)])
+    assert passes.silver_events(ctx).rows_out == 5
+    again = passes.silver_events(ctx)
     assert (again.status, again.rows_out) == ("noop", 0)
     assert uuids(ctx.store, SILVER_EVENTS) == sorted([uuid(1, i) for i in range(10)] + [uuid(2, i) for i in range(5)])
 
@@ -71,8 +71,8 @@ def test_a_file_is_landed_once_per_content(ctx: Context, tmp_path: Path) -> None
     a = write_events(tmp_path / "a.jsonl", 1, 10)
     copy = tmp_path / "copy-of-a.jsonl"
     copy.write_bytes(a.read_bytes())
-    first = jobs.ingest_files(ctx, "events", [a, copy])
-    second = jobs.ingest_files(ctx, "events", [a])
+    first = ingest.ingest_files(ctx, "events", [a, copy])
+    second = ingest.ingest_files(ctx, "events", [a])
     assert (first.rows_out, second.status) == (10, "noop")
     assert uuids(ctx.store, BRONZE_EVENTS) == [uuid(1, i) for i in range(10)]
 
@@ -83,7 +83,7 @@ def test_files_land_in_as_few_commits_as_the_engine_allows(ctx: Context, tmp_pat
     files = [write_events(tmp_path / f"{i}.jsonl", i + 1, 4) for i in range(3)]
     with files[1].open("a") as f:
         f.write("{not json\n")
-    jobs.ingest_files(ctx, "events", files)
+    ingest.ingest_files(ctx, "events", files)
     commits = {spec.key: DeltaTable(ctx.store.path(spec)).version() for spec in (BRONZE_EVENTS, BRONZE_QUARANTINE)}
     per_commit = ctx.store.max_txns_per_commit
     # Version 0 creates each table; then 1 commit (delta-rs) or 3 (delta-spark) for the events, and
@@ -100,7 +100,7 @@ class Crash(Exception):
 def test_crash_before_the_commit_reprocesses_and_after_it_skips(
     ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    jobs.ingest_files(ctx, "events", [write_events(tmp_path / "a.jsonl", 1, 10)])
+    ingest.ingest_files(ctx, "events", [write_events(tmp_path / "a.jsonl", 1, 10)])
     engine_store = type(ctx.store)
     real_append = engine_store.append
 
@@ -111,7 +111,7 @@ def test_crash_before_the_commit_reprocesses_and_after_it_skips(
 
     monkeypatch.setattr(engine_store, "append", crash_before)
     with pytest.raises(Crash):
-        jobs.silver_events(ctx)
+        passes.silver_events(ctx)
     assert ctx.store.version(SILVER_EVENTS) == 0  # created, nothing committed
 
     def crash_after(self: TableStore, spec: TableSpec, *args: object, **kw: object) -> int:
@@ -122,9 +122,9 @@ def test_crash_before_the_commit_reprocesses_and_after_it_skips(
 
     monkeypatch.setattr(engine_store, "append", crash_after)
     with pytest.raises(Crash):
-        jobs.silver_events(ctx)
+        passes.silver_events(ctx)
     monkeypatch.setattr(engine_store, "append", real_append)
-    assert jobs.silver_events(ctx).status == "noop"
+    assert passes.silver_events(ctx).status == "noop"
     assert uuids(ctx.store, SILVER_EVENTS) == [uuid(1, i) for i in range(10)]
 
     log = ctx.store.read(PIPELINE_EVENTS).where("job = 'silver.events'").orderBy("started_at").collect()
@@ -134,15 +134,15 @@ def test_crash_before_the_commit_reprocesses_and_after_it_skips(
 
 def test_buckets_run_as_separate_tasks_and_together_cover_every_event(ctx: Context, tmp_path: Path) -> None:
     # One landing of 12 teams' files: the split is the subject here, not one landing per file.
-    jobs.ingest_files(ctx, "events", [write_events(tmp_path / f"t{team}.jsonl", team, 5) for team in range(1, 13)])
-    low = jobs.silver_events(ctx, [0, 1, 2, 3])
-    high = jobs.silver_events(ctx, [4, 5, 6, 7])
+    ingest.ingest_files(ctx, "events", [write_events(tmp_path / f"t{team}.jsonl", team, 5) for team in range(1, 13)])
+    low = passes.silver_events(ctx, [0, 1, 2, 3])
+    high = passes.silver_events(ctx, [4, 5, 6, 7])
     assert uuids(ctx.store, SILVER_EVENTS) == sorted(uuid(team, i) for team in range(1, 13) for i in range(5))
     low_buckets = {int(k.split(".")[1]) for k in low.metrics if k.startswith("bucket.") and k.endswith(".events")}
     high_buckets = {int(k.split(".")[1]) for k in high.metrics if k.startswith("bucket.") and k.endswith(".events")}
     assert low_buckets and low_buckets <= {0, 1, 2, 3} and high_buckets and high_buckets <= {4, 5, 6, 7}
     assert any(k.endswith(".lag_seconds") for k in low.metrics)
-    assert jobs.silver_events(ctx, [0, 1, 2, 3]).status == "noop"
+    assert passes.silver_events(ctx, [0, 1, 2, 3]).status == "noop"
 
 
 @pytest.mark.parametrize("counted", ["by the write", "after the write"])
@@ -151,8 +151,8 @@ def test_bucket_figures_are_the_events_written_to_each_bucket(
 ) -> None:
     if counted == "after the write":  # a run over more buckets than the write computes figures for
         monkeypatch.setattr(silver_jobs, "OBSERVED_BUCKETS", 0)
-    jobs.ingest_files(ctx, "events", [write_events(tmp_path / f"t{team}.jsonl", team, team) for team in range(1, 9)])
-    record = jobs.silver_events(ctx)
+    ingest.ingest_files(ctx, "events", [write_events(tmp_path / f"t{team}.jsonl", team, team) for team in range(1, 9)])
+    record = passes.silver_events(ctx)
     written = {r["bucket"]: r["count"] for r in ctx.store.read(SILVER_EVENTS).groupBy("bucket").count().collect()}
     figures = {
         int(k.split(".")[1]): v for k, v in record.metrics.items() if k.startswith("bucket.") and k.endswith(".events")
@@ -165,16 +165,16 @@ def test_a_run_over_buckets_overlapping_another_split_is_refused_not_counted_twi
     ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # One landing of 12 teams' files: the split is the subject here, not one landing per file.
-    jobs.ingest_files(ctx, "events", [write_events(tmp_path / f"t{team}.jsonl", team, 5) for team in range(1, 13)])
-    assert jobs.silver_events(ctx, [0, 1]).status == "ok"
+    ingest.ingest_files(ctx, "events", [write_events(tmp_path / f"t{team}.jsonl", team, 5) for team in range(1, 13)])
+    assert passes.silver_events(ctx, [0, 1]).status == "ok"
     landed = uuids(ctx.store, SILVER_EVENTS)
     # The process that let a split through does not look every bucket set up again each run.
     looked_up: list[object] = []
     monkeypatch.setattr(ctx.store, "txn_snapshot", lambda *a: looked_up.append(a))
-    assert jobs.silver_events(ctx, [0, 1]).status == "noop" and not looked_up
+    assert passes.silver_events(ctx, [0, 1]).status == "noop" and not looked_up
     monkeypatch.undo()
     for overlapping in (None, [1], [1, 2]):
         with pytest.raises(InputError, match="already has progress from runs over buckets=0,1"):
-            jobs.silver_events(ctx, overlapping)
+            passes.silver_events(ctx, overlapping)
     assert uuids(ctx.store, SILVER_EVENTS) == landed
-    assert jobs.silver_events(ctx, [2]).status in ("ok", "noop")  # a disjoint split goes on
+    assert passes.silver_events(ctx, [2]).status in ("ok", "noop")  # a disjoint split goes on

@@ -17,14 +17,15 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from pipelines import jobs, synthetic
-from pipelines.fixtures import PAGE_CHANGE_FILES
-from pipelines.runner import Context
-from pipelines.services import free_port
-from pipelines.settings import load_settings
+from pipelines.config.settings import load_settings
+from pipelines.demo import synthetic
+from pipelines.demo.data import PAGE_CHANGE_FILES
+from pipelines.dev.services import free_port
+from pipelines.runtime import ingest
+from pipelines.runtime.runner import Context
+from pipelines.runtime.tables import BRONZE_QUARANTINE
 from pipelines.sources.kafka import app_id
 from pipelines.storage import open_store
-from pipelines.tables import BRONZE_QUARANTINE
 from tests.helpers import delta_rs_only  # noqa: F401  (the engine fixture: delta-rs here)
 from tests.infra import KafkaBroker, unique_name
 
@@ -89,7 +90,7 @@ def test_once_lands_valid_messages_once_and_quarantines_the_rest(
     assert settings.delta_engine == engine
     ctx = Context(settings=settings, spark=spark, store=open_store(settings, spark))
 
-    stats = jobs.ingest_kafka(ctx, once=True, max_batch=100, max_wait=0.5)
+    stats = ingest.ingest_kafka(ctx, once=True, max_batch=100, max_wait=0.5)
     assert (stats.messages, stats.landed, stats.quarantined) == (316, 313, 3)
     bronze = table(lake, "bronze/events")
     assert sorted(bronze["uuid"].to_pylist()) == sorted(json.loads(m)["uuid"] for m in good)
@@ -113,7 +114,7 @@ def test_once_lands_valid_messages_once_and_quarantines_the_rest(
     assert got == sorted((p, o, r) for (p, o), r in zip(placed[300:], expected_reasons, strict=True))
     assert set(quarantine["raw"].to_pylist()) == set(bad)
 
-    again = jobs.ingest_kafka(ctx, once=True, max_batch=100, max_wait=0.5)
+    again = ingest.ingest_kafka(ctx, once=True, max_batch=100, max_wait=0.5)
     assert (again.messages, again.landed) == (0, 0)
     assert table(lake, "bronze/events").num_rows == 300
     assert table(lake, "bronze/quarantine").num_rows == 3
@@ -123,7 +124,7 @@ def ingest_cmd(*extra: str, max_batch: int = 300) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "pipelines.cli",
+        "pipelines.app.cli",
         "ingest",
         "kafka",
         "--once",
@@ -203,7 +204,7 @@ def test_without_once_it_runs_until_sigterm_and_finishes_its_batch(kafka_broker:
     lake = tmp_path / "lake"
     env = {**os.environ, **settings_env(kafka_broker, lake, ev, unique_name("unused"), group)}
     port = free_port()
-    cmd = [sys.executable, "-m", "pipelines.cli", "ingest", "kafka", "--topics", ev, "--max-wait", "1"]
+    cmd = [sys.executable, "-m", "pipelines.app.cli", "ingest", "kafka", "--topics", ev, "--max-wait", "1"]
     cmd += ["--metrics-port", str(port)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

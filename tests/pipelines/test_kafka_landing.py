@@ -15,11 +15,11 @@ from pathlib import Path
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from pipelines.eventlog import RunRecord
-from pipelines.fixtures import posthog_events
-from pipelines.ingest import land_messages
-from pipelines.runner import Context
-from pipelines.settings import load_settings
+from pipelines.config.settings import load_settings
+from pipelines.demo.data import posthog_events
+from pipelines.runtime.eventlog import RunRecord
+from pipelines.runtime.ingest import land_messages
+from pipelines.runtime.runner import Context
 from pipelines.storage import open_store
 from tests.helpers import object_values
 

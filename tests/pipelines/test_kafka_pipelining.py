@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from kafka import TopicPartition
 
-from pipelines.settings import load_settings
+from pipelines.config.settings import load_settings
+from pipelines.runtime.tables import BRONZE_EVENTS
 from pipelines.sources.kafka import FlushResult, KafkaIngestor
-from pipelines.tables import BRONZE_EVENTS
 
 TOPIC = "events"
 TP = TopicPartition(TOPIC, 0)

@@ -10,12 +10,12 @@ import pytest
 from click.testing import CliRunner
 from deltalake import DeltaTable
 
-from pipelines.cli import cli
+from pipelines.app.cli import cli
+from pipelines.app.maintenance import maintain_tables, select_tables
+from pipelines.config.settings import Settings
 from pipelines.errors import InputError
-from pipelines.maintenance import maintain_tables, select_tables
-from pipelines.settings import Settings
+from pipelines.runtime.tables import ALL_TABLES, EXPORTS
 from pipelines.storage import open_store
-from pipelines.tables import ALL_TABLES, EXPORTS
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -84,7 +84,7 @@ def test_the_command_prints_what_it_did(settings: Settings, monkeypatch: pytest.
     for i in range(2):
         store.append(EXPORTS, commit(i))
     ctx = SimpleNamespace(settings=settings, store=store, say=lambda _: None)
-    monkeypatch.setattr("pipelines.cli.State.context", lambda self, validates=False: ctx)  # no Spark needed
+    monkeypatch.setattr("pipelines.app.cli.State.context", lambda self, validates=False: ctx)  # no Spark needed
 
     result = CliRunner().invoke(cli, ["maintain", "--table=_meta/exports", "--table=gold/counters"])
 

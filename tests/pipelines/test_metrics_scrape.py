@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from pipelines.services import free_port
+from pipelines.dev.services import free_port
 from pipelines.sources import remote_write as codec
 from tests.helpers import ReceiverCommand
 from tests.infra import Prometheus

@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from pipelines import jobs, quality
+from pipelines.config.settings import load_settings
 from pipelines.errors import MedallionError
-from pipelines.eventlog import EXPECTATION_RESULTS, PIPELINE_EVENTS, RunRecord
-from pipelines.quality import ExpectationFailed
-from pipelines.runner import Context
-from pipelines.settings import load_settings
+from pipelines.runtime import ingest, quality
+from pipelines.runtime.eventlog import EXPECTATION_RESULTS, PIPELINE_EVENTS, RunRecord
+from pipelines.runtime.quality import ExpectationFailed
+from pipelines.runtime.runner import Context
+from pipelines.runtime.tables import BRONZE_EVENTS, BRONZE_QUARANTINE, SILVER_EVENTS
 from pipelines.storage import AppTxn, open_store
-from pipelines.tables import BRONZE_EVENTS, BRONZE_QUARANTINE, SILVER_EVENTS
 from tests.helpers import delta_rs_only  # noqa: F401  (the engine fixture: delta-rs here)
 
 
@@ -53,7 +53,7 @@ def results(ctx: Context) -> dict[str, tuple[str, int]]:
 
 def test_drop_quarantines_failing_rows_with_the_expectation_name(spark: SparkSession, tmp_path: Path) -> None:
     ctx = context(spark, tmp_path)  # team_id_positive is "drop" by default
-    record = jobs.ingest_files(ctx, "events", [events_file(tmp_path / "e.jsonl")])
+    record = ingest.ingest_files(ctx, "events", [events_file(tmp_path / "e.jsonl")])
     assert sorted(r["team_id"] for r in table_rows(ctx, BRONZE_EVENTS)) == [1, 2]
     (bad,) = table_rows(ctx, BRONZE_QUARANTINE)
     assert (bad["kind"], bad["expectation"], bad["reason"]) == (
@@ -68,7 +68,7 @@ def test_drop_quarantines_failing_rows_with_the_expectation_name(spark: SparkSes
 
 def test_warn_keeps_failing_rows_and_records_them(spark: SparkSession, tmp_path: Path) -> None:
     ctx = context(spark, tmp_path, **{"bronze/events:team_id_positive": "warn"})
-    jobs.ingest_files(ctx, "events", [events_file(tmp_path / "e.jsonl")])
+    ingest.ingest_files(ctx, "events", [events_file(tmp_path / "e.jsonl")])
     assert sorted(r["team_id"] for r in table_rows(ctx, BRONZE_EVENTS)) == [0, 1, 2]
     assert table_rows(ctx, BRONZE_QUARANTINE) == []
     assert results(ctx) == {ctx.run_id: ("warned", 1)}
@@ -77,7 +77,7 @@ def test_warn_keeps_failing_rows_and_records_them(spark: SparkSession, tmp_path:
 def test_fail_writes_nothing_and_logs_the_failed_run(spark: SparkSession, tmp_path: Path) -> None:
     ctx = context(spark, tmp_path, **{"bronze/events": "fail"})
     with pytest.raises(ExpectationFailed, match=r"team_id_positive .* failed: 1 of 3 rows") as failed:
-        jobs.ingest_files(ctx, "events", [events_file(tmp_path / "e.jsonl")])
+        ingest.ingest_files(ctx, "events", [events_file(tmp_path / "e.jsonl")])
     assert isinstance(failed.value, MedallionError)  # the CLI reports it as one line
     assert table_rows(ctx, BRONZE_EVENTS) == [] and table_rows(ctx, BRONZE_QUARANTINE) == []
     (run,) = ctx.store.read(PIPELINE_EVENTS).collect()
@@ -85,7 +85,7 @@ def test_fail_writes_nothing_and_logs_the_failed_run(spark: SparkSession, tmp_pa
     assert results(ctx) == {ctx.run_id: ("failed", 1)}
     # With the policy relaxed the same file lands (the failed run recorded no progress).
     relaxed = context(spark, tmp_path, **{"bronze/events": "warn"})
-    jobs.ingest_files(relaxed, "events", [events_file(tmp_path / "e.jsonl")])
+    ingest.ingest_files(relaxed, "events", [events_file(tmp_path / "e.jsonl")])
     assert len(table_rows(relaxed, BRONZE_EVENTS)) == 3
 
 
@@ -115,7 +115,7 @@ def _silver_rows(spark: SparkSession, buckets: list[int]):  # type: ignore[no-un
 def test_disabled_quality_skips_validation(spark: SparkSession, tmp_path: Path) -> None:
     settings = load_settings(lake_root=str(tmp_path / "lake"), quality={"enabled": False})
     ctx = Context(settings=settings, spark=spark, store=open_store(settings, spark))
-    record = jobs.ingest_files(ctx, "events", [events_file(tmp_path / "e.jsonl")])
+    record = ingest.ingest_files(ctx, "events", [events_file(tmp_path / "e.jsonl")])
     assert len(table_rows(ctx, BRONZE_EVENTS)) == 3 and not ctx.store.exists(EXPECTATION_RESULTS)
     assert not any(k.startswith("quality.") for k in record.metrics)
 

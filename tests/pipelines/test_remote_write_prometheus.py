@@ -82,10 +82,10 @@ def test_prometheus_cpu_seconds_give_plausible_rates_by_mode(
     the machine's CPU count (CPU seconds per second), with idle and user time present."""
     import os
 
-    from pipelines import jobs
-    from pipelines.metrics import query
-    from pipelines.runner import Context
-    from pipelines.settings import load_settings
+    from pipelines.app.metric_queries import query
+    from pipelines.config.settings import load_settings
+    from pipelines.runtime import passes
+    from pipelines.runtime.runner import Context
     from pipelines.storage import open_store
 
     prometheus_factory(f"http://127.0.0.1:{receiver.port}/api/v1/write", [node_exporter.target])
@@ -109,8 +109,8 @@ def test_prometheus_cpu_seconds_give_plausible_rates_by_mode(
     }
     settings = load_settings(lake_root=str(receiver.lake), metrics={"aggregations": [aggregation]})
     ctx = Context(settings=settings, spark=spark, store=open_store(settings, spark))
-    jobs.silver_metric_panes(ctx, drain=True)
-    jobs.gold_metric_windows(ctx)
+    passes.silver_metric_panes(ctx, drain=True)
+    passes.gold_metric_windows(ctx)
     rows = query(ctx, "cpu", group_by=["mode"], include_open=False)
     assert rows, "no closed windows"
     assert {r["mode"] for r in rows} >= {"idle", "user", "system"}

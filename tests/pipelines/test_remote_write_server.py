@@ -233,7 +233,7 @@ def test_cli_serves_until_sigterm_and_flushes_what_it_acknowledged(tmp_path: Pat
     lake = tmp_path / "lake"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEDALLION_")}
     env |= {"MEDALLION_LAKE_ROOT": str(lake), "MEDALLION_REMOTE_WRITE__FLUSH_INTERVAL": "1h"}
-    cmd = [sys.executable, "-m", "pipelines.cli", "serve", "remote-write", "--port", "0"]
+    cmd = [sys.executable, "-m", "pipelines.app.cli", "serve", "remote-write", "--port", "0"]
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None
@@ -265,7 +265,7 @@ def test_an_append_that_finishes_after_a_later_one_is_not_taken_for_landed(
     import os
     import threading
 
-    from pipelines.settings import load_settings
+    from pipelines.config.settings import load_settings
     from pipelines.sources.remote_write_processes import open_receiver
     from pipelines.sources.remote_write_server import SERIES as SERIES_KIND
     from pipelines.storage.deltars import DeltaRsStore

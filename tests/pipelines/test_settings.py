@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.config.settings import load_settings
 from pipelines.errors import SettingsError
-from pipelines.settings import load_settings
 from tests.helpers import run_medallion
 
 

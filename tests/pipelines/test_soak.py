@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.bench.soak import markdown, summarize
-from pipelines.services import tansu_binary
+from pipelines.dev.bench.soak import markdown, summarize
+from pipelines.dev.services import tansu_binary
 from tests.demo_lake import DEMO_GROUP
 
 
@@ -36,7 +36,7 @@ def test_a_one_minute_soak_writes_its_figures(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEDALLION_")}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
     done = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "bench", "--soak", "1", "--out", str(tmp_path)],
+        [sys.executable, "-m", "pipelines.app.cli", "bench", "--soak", "1", "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         env=env,

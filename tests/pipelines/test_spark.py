@@ -7,9 +7,9 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from pipelines.config.settings import load_settings
+from pipelines.config.spark import check_java, observed_as_read, spark_confs
 from pipelines.errors import EngineUnavailableError, JavaNotFoundError
-from pipelines.settings import load_settings
-from pipelines.spark import check_java, observed_as_read, spark_confs
 from tests.helpers import counting_reads
 
 
@@ -78,7 +78,7 @@ def test_delta_jars_that_do_not_exist_are_named(tmp_path: Path) -> None:
 
 
 def test_delta_spark_engine_without_jars_is_a_clear_error(spark: SparkSession, tmp_path: Path) -> None:
-    from pipelines.spark import has_delta_classes
+    from pipelines.config.spark import has_delta_classes
 
     if has_delta_classes(spark):
         pytest.skip("Delta classes are on this classpath")
@@ -99,7 +99,7 @@ def test_python_workers_use_this_interpreter_unless_told_otherwise(monkeypatch: 
 
 
 def test_interpreted_sets_its_confs_for_a_block_and_puts_the_sessions_own_back(spark: SparkSession) -> None:
-    from pipelines.spark import interpreted
+    from pipelines.config.spark import interpreted
 
     spark.conf.set("spark.sql.codegen.wholeStage", "true")
     spark.conf.unset("spark.sql.codegen.factoryMode")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from pipelines.runner import garbage_collected_after, startup_heap_frozen
+from pipelines.runtime.runner import garbage_collected_after, startup_heap_frozen
 
 
 class Node:

@@ -1,4 +1,4 @@
-"""``pipelines.stopping.stop_on``: a signal stops a main thread that waits on the event itself.
+"""``pipelines.runtime.stopping.stop_on``: a signal stops a main thread that waits on the event itself.
 
 A handler that set the event directly would deadlock now and then: the main thread holds the
 event's lock for a few bytecodes of each timed wait, and the handler runs between two of them.
@@ -15,11 +15,11 @@ import threading
 import time
 from pathlib import Path
 
-from pipelines.stopping import stop_on
+from pipelines.runtime.stopping import stop_on
 
 WAITER = """
 import signal
-from pipelines.stopping import stop_on
+from pipelines.runtime.stopping import stop_on
 while True:
     with stop_on(signal.SIGUSR1) as stop:
         print("waiting", flush=True)

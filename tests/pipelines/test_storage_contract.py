@@ -16,8 +16,8 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType, Tim
 from pyspark.sql.utils import is_remote
 from pyspark.testing import assertDataFrameEqual
 
+from pipelines.config.settings import load_settings
 from pipelines.errors import CommitConflictError, InputError, StorageError
-from pipelines.settings import load_settings
 from pipelines.storage import AppTxn, TableSpec, TableStore, open_store
 
 SCHEMA = StructType(

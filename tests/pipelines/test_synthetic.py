@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pipelines.synthetic import (
+from pipelines.demo.synthetic import (
     EventsSpec,
     PageChangesSpec,
     generate_events,

@@ -9,11 +9,11 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from gold.property_values import TeamFilter
-from pipelines import jobs
-from pipelines.runner import Context
-from pipelines.settings import load_settings
+from pipelines.config.settings import load_settings
+from pipelines.runtime import ingest, passes
+from pipelines.runtime.runner import Context
+from pipelines.runtime.tables import GOLD_PROPERTY_VALUES
 from pipelines.storage import open_store
-from pipelines.tables import GOLD_PROPERTY_VALUES
 from tests.pipelines.test_jobs import write_events
 
 
@@ -50,42 +50,42 @@ def test_filtered_teams_are_counted_in_the_event_log_and_resume_from_what_they_h
     ctx = Context(settings=settings, spark=spark, store=open_store(settings, spark))
 
     def land(name: str, team: int, n: int, start: int = 0) -> None:
-        jobs.ingest_files(ctx, "events", [write_events(tmp_path / name, team, n, start)])
-        jobs.silver_events(ctx)
+        ingest.ingest_files(ctx, "events", [write_events(tmp_path / name, team, n, start)])
+        passes.silver_events(ctx)
 
     # Each event has two properties: two event tuples.
     land("a1.jsonl", 1, 10)
     land("a2.jsonl", 2, 6)
     settings.gold.teams.block = [2]
-    first = jobs.gold_partials(ctx)
+    first = passes.gold_partials(ctx)
     assert first.metrics["filtered_teams.events"] == 6
-    jobs.gold_merge(ctx)
+    passes.gold_merge(ctx)
     assert gold_counts(ctx) == {1: 20}
 
     # Team 2 comes back: it is counted from its new events on, not from the ones filtered out.
     settings.gold.teams.block = []
     land("b2.jsonl", 2, 4, start=6)
-    jobs.gold_partials(ctx)
-    jobs.gold_merge(ctx)
+    passes.gold_partials(ctx)
+    passes.gold_merge(ctx)
     assert gold_counts(ctx) == {1: 20, 2: 8}
 
     # Stage 2 filters too: partials counted while team 1 was in are not merged while it is out,
     # and not later either.
     land("c1.jsonl", 1, 5, start=10)
-    jobs.gold_partials(ctx)
+    passes.gold_partials(ctx)
     settings.gold.teams.allow = [2]
-    merged = jobs.gold_merge(ctx)
+    merged = passes.gold_merge(ctx)
     assert merged.metrics["filtered_teams.partial_rows"] > 0
     assert gold_counts(ctx) == {1: 20, 2: 8}
     settings.gold.teams.allow = []
-    assert jobs.gold_merge(ctx).status == "noop"
+    assert passes.gold_merge(ctx).status == "noop"
     assert gold_counts(ctx) == {1: 20, 2: 8}
 
     # A batch that is all filtered out still moves both stages on.
     settings.gold.teams.block = [2]
     land("d2.jsonl", 2, 3, start=10)
-    assert jobs.gold_partials(ctx).metrics["filtered_teams.events"] == 3
-    jobs.gold_merge(ctx)
+    assert passes.gold_partials(ctx).metrics["filtered_teams.events"] == 3
+    passes.gold_merge(ctx)
     settings.gold.teams.block = []
-    assert (jobs.gold_partials(ctx).status, jobs.gold_merge(ctx).status) == ("noop", "noop")
+    assert (passes.gold_partials(ctx).status, passes.gold_merge(ctx).status) == ("noop", "noop")
     assert gold_counts(ctx) == {1: 20, 2: 8}

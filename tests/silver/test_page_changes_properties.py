@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 
-from pipelines import jobs
-from pipelines.runner import Context
-from pipelines.settings import load_settings
+from pipelines.config.settings import load_settings
+from pipelines.runtime import passes
+from pipelines.runtime.runner import Context
+from pipelines.runtime.tables import BRONZE_PAGE_CHANGES, SILVER_PAGE_CHANGES
 from pipelines.storage import open_store
-from pipelines.tables import BRONZE_PAGE_CHANGES, SILVER_PAGE_CHANGES
 from silver.page_changes import LAST_EMITTED_SCHEMA, dedup_run
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
@@ -166,9 +166,9 @@ def run_incrementally(
         if chunk:
             ctx.store.append(BRONZE_PAGE_CHANGES, bronze_rows(chunk, offset))
             offset += len(chunk)
-        jobs.silver_page_changes(ctx)
+        passes.silver_page_changes(ctx)
     ctx = Context(settings=settings_, spark=spark, store=open_store(settings_, spark), say=lambda _: None)
-    jobs.silver_page_changes(ctx, drain=True)
+    passes.silver_page_changes(ctx, drain=True)
     return as_tuples(ctx.store.read(SILVER_PAGE_CHANGES).collect())
 
 

@@ -1,0 +1,3 @@
+from pipelines.app.cli import main
+
+main()

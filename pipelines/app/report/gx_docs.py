@@ -1,0 +1,142 @@
+"""Great Expectations' own Data Docs, built by GX from the pipeline's validations.
+
+Each table's recent validations (the gates of the runs the report keeps, and ``medallion
+validate``) are handed to a file-backed GX context under ``<report>/gx`` as GX validation results,
+with the table's suite as GX expectations, and GX renders its site
+(``gx/uncommitted/data_docs/local_site``). Nothing here renders HTML: GX does, as it does for its
+own checkpoints, so the pages are the ones GX users keep as CI artifacts. GX's pages load their
+stylesheets from public CDNs; offline they show unstyled.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from pipelines.app.report.collect import Report, Result, Run, slug
+from pipelines.runtime.runner import Context
+
+#: Validations of each table handed to GX (the newest ones).
+VALIDATIONS_PER_TABLE = 10
+
+
+def _suite_name(table: str) -> str:
+    return slug(table.replace("/", "__"))
+
+
+def _validations(report: Report) -> dict[str, list[tuple[Run, list[Result]]]]:
+    """Per table, its newest validations: (the run, its results for that table)."""
+    out: dict[str, list[tuple[Run, list[Result]]]] = {}
+    for run in report.runs:  # newest first
+        by_table: dict[str, list[Result]] = {}
+        for r in run.results:
+            by_table.setdefault(r.dataset, []).append(r)
+        for table, results in by_table.items():
+            kept = out.setdefault(table, [])
+            if len(kept) < VALIDATIONS_PER_TABLE:
+                kept.append((run, results))
+    return out
+
+
+def build(ctx: Context, report: Report, out: Path) -> str | None:
+    """Build GX's Data Docs under ``out / "gx"``; set each table's ``gx_page`` (relative to
+    ``out``) to its newest validation's page. Returns the site's index (relative), or None when
+    nothing was validated."""
+    validations = _validations(report)
+    if not validations:
+        return None
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    import great_expectations as gx
+    from great_expectations.core import ExpectationSuiteValidationResult, ExpectationValidationResult
+    from great_expectations.core.run_identifier import RunIdentifier
+    from great_expectations.data_context.types.resource_identifiers import (
+        ExpectationSuiteIdentifier,
+        ValidationResultIdentifier,
+    )
+
+    from pipelines.runtime import quality
+
+    for name in ("great_expectations", "great_expectations.data_context"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    context: Any = gx.get_context(mode="file", project_root_dir=str(out / "gx"))
+    site = out / "gx" / "gx" / "uncommitted" / "data_docs" / "local_site"
+    newest: dict[str, ValidationResultIdentifier] = {}
+    for table, runs in validations.items():
+        suite = quality.suite_for(ctx, table)
+        name = _suite_name(table)
+        configs = {}
+        expectations = []
+        for check in suite.checks:
+            e = check.expectation.copy(
+                update={"meta": {"medallion_check": check.name, "policy": check.policy, "notes": check.description}},
+                deep=True,
+            )
+            expectations.append(e)
+        stored = context.suites.add_or_update(gx.ExpectationSuite(name=name, expectations=expectations))
+        for e in stored.expectations:
+            configs[(e.meta or {}).get("medallion_check")] = e.configuration
+        for run, results in runs:
+            gx_results = list(_results(results, configs, ExpectationValidationResult))
+            if not gx_results:
+                continue
+            passed = sum(r.success for r in gx_results)
+            run_id = RunIdentifier(run_name=slug(f"{run.job}-{run.run_id}"), run_time=run.started_at)
+            result = ExpectationSuiteValidationResult(
+                success=passed == len(gx_results),
+                results=gx_results,
+                suite_name=name,
+                statistics={
+                    "evaluated_expectations": len(gx_results),
+                    "successful_expectations": passed,
+                    "unsuccessful_expectations": len(gx_results) - passed,
+                    "success_percent": 100.0 * passed / len(gx_results),
+                },
+                meta={
+                    "run_id": run_id,
+                    "batch_spec": {"data_asset_name": table},
+                    "active_batch_definition": {"data_asset_name": table},
+                    "validation_time": run.started_at.isoformat() if run.started_at else None,
+                    "medallion_job": run.job,
+                },
+            )
+            key = ValidationResultIdentifier(
+                expectation_suite_identifier=ExpectationSuiteIdentifier(name=name),
+                run_id=run_id,
+                batch_identifier=name,
+            )
+            context.validation_results_store.set(key, result)
+            newest.setdefault(table, key)
+    context.build_data_docs()
+    for table, key in newest.items():
+        if table in report.tables:
+            run_name, run_time = key.run_id.run_name, key.run_id.to_tuple()[1]
+            page = site / "validations" / _suite_name(table) / run_name / run_time / f"{_suite_name(table)}.html"
+            if page.exists():
+                report.tables[table].gx_page = page.relative_to(out).as_posix()
+    return (site / "index.html").relative_to(out).as_posix()
+
+
+def _results(results: Iterable[Result], configs: dict[Any, Any], cls: Any) -> Iterable[Any]:
+    """Our results as GX expectation results, for the checks the suite still has."""
+    for r in results:
+        config = configs.get(r.expectation)
+        if config is None:
+            continue
+        if r.kind == "row" and r.rows_checked is not None:
+            failed = r.rows_failed or 0
+            result: dict[str, Any] = {
+                "element_count": r.rows_checked,
+                "unexpected_count": failed,
+                "unexpected_percent": 100.0 * failed / r.rows_checked if r.rows_checked else 0.0,
+            }
+        else:
+            result = {"observed_value": r.observed if r.observed is not None else r.rows_failed}
+        yield cls(
+            success=r.outcome == "passed",
+            expectation_config=config,
+            result=result,
+            meta={"policy": r.policy, "outcome": r.outcome},
+        )

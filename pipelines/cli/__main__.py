@@ -1,3 +1,0 @@
-from pipelines.cli import main
-
-main()

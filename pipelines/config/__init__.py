@@ -1,0 +1,1 @@
+"""Configuration: settings and their sections, what the layers are configured with, the Spark session."""

@@ -1,0 +1,253 @@
+"""The one place that builds the SparkSession.
+
+Local defaults keep a laptop run quick (UI off, few shuffle partitions, UTC, Arrow on). Under
+spark-submit or on a cluster the master and resources come from there, and only the pipeline's
+confs are added. The Delta SQL extension is enabled only for the ``delta-spark`` engine, since
+it needs the Delta jars on the JVM classpath.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
+
+from pipelines.config.settings import Settings
+from pipelines.errors import EngineUnavailableError, JavaNotFoundError
+
+DELTA_CONFS = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+#: ``spark.generated_code: false``: no Java generated and compiled per query (whole-stage code and
+#: expression code alike). A small batch's queries carry new literals each run (versions,
+#: watermarks), so their code is compiled anew each time, and compiling costs more than running them.
+INTERPRETED = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
+
+LOCAL_DEFAULTS = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.execution.arrow.pyspark.fallback.enabled": "true",
+    "spark.sql.adaptive.enabled": "true",
+    # A JSON object with a key twice keeps the last occurrence, as JSON parsers (PostHog's too) do,
+    # instead of failing to parse and sending the whole event to quarantine.
+    "spark.sql.variant.allowDuplicateKeys": "true",
+    "spark.driver.extraJavaOptions": "-Duser.timezone=UTC -Dlog4j2.configurationFile={log4j}",
+    "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
+    "spark.sql.warehouse.dir": "",  # set per lake root below
+}
+
+#: Confs of the classic Python client that a Connect session refuses (it has no Arrow fallback).
+CLASSIC_ONLY = {"spark.sql.execution.arrow.pyspark.fallback.enabled"}
+
+JAVA_HELP = (
+    "Java 17 is required by Spark but was not found: install a JDK/JRE 17 "
+    "(Debian/Ubuntu: `apt-get install openjdk-17-jre-headless`; macOS: `brew install openjdk@17`) "
+    "or point JAVA_HOME at one"
+)
+
+
+def check_java() -> str:
+    """Return the java executable Spark will use, or raise :class:`JavaNotFoundError`."""
+    java_home = os.environ.get("JAVA_HOME")
+    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
+    if not java or not Path(java).exists():
+        where = f" (JAVA_HOME={java_home} has no bin/java)" if java_home else ""
+        raise JavaNotFoundError(JAVA_HELP + where)
+    try:
+        subprocess.run([java, "-version"], capture_output=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise JavaNotFoundError(f"{JAVA_HELP} ({java} -version failed: {exc})") from exc
+    return java
+
+
+def _under_cluster_manager() -> bool:
+    # spark-submit and Databricks start the JVM first and hand Python a gateway.
+    return bool(os.environ.get("PYSPARK_GATEWAY_PORT")) or SparkSession.getActiveSession() is not None
+
+
+def spark_confs(settings: Settings) -> dict[str, str]:
+    """Every conf the pipeline sets on a new session (user confs win over defaults)."""
+    confs = dict(LOCAL_DEFAULTS)
+    log4j = Path(__file__).with_name("log4j2.properties").as_uri()
+    confs["spark.driver.extraJavaOptions"] = confs["spark.driver.extraJavaOptions"].format(log4j=log4j)
+    confs["spark.sql.warehouse.dir"] = f"{settings.lake_root}/_spark_warehouse"
+    confs["spark.sql.shuffle.partitions"] = str(settings.spark.shuffle_partitions)
+    confs["spark.driver.memory"] = settings.spark.driver_memory
+    if not settings.spark.generated_code:
+        confs.update(INTERPRETED)
+    if not os.environ.get("PYSPARK_PYTHON"):
+        # Python workers (pandas UDFs) need this interpreter's packages; Spark's default is
+        # whatever ``python3`` is first on PATH, which outside an activated venv has none of them.
+        confs["spark.pyspark.python"] = sys.executable
+    if settings.delta_engine == "delta-spark":
+        confs.update(DELTA_CONFS)
+        # Sessions this process starts (never a cluster's: those take only spark.sql.* confs).
+        # Delta rebuilds a table's state (files, app transactions) after each commit in a Spark
+        # job of ``snapshotPartitions`` tasks, 50 by default: on a laptop that was most of a
+        # small commit's time, so the log state follows the shuffles. A checkpoint cost ~5 s
+        # here and came every 10 commits; new tables take delta-rs's cadence, every 100.
+        confs["spark.databricks.delta.snapshotPartitions"] = str(settings.spark.shuffle_partitions)
+        confs["spark.databricks.delta.properties.defaults.checkpointInterval"] = "100"
+        if settings.delta_jars:
+            missing = [j for j in settings.delta_jars if "://" not in j and not Path(j).exists()]
+            if missing:
+                raise EngineUnavailableError(
+                    f"MEDALLION_DELTA_JARS names files that do not exist: {', '.join(missing)}"
+                )
+            confs["spark.jars"] = ",".join(settings.delta_jars)
+    confs.update(settings.spark.conf)
+    return confs
+
+
+def _runtime_confs(confs: dict[str, str]) -> dict[str, str]:
+    """The confs a running session takes: SQL confs, less the static ones set at its start."""
+    return {
+        k: v
+        for k, v in confs.items()
+        if k.startswith("spark.sql.") and k not in DELTA_CONFS and k != "spark.sql.warehouse.dir"
+    }
+
+
+def build_connect(settings: Settings, confs: dict[str, str]) -> SparkSession:
+    """A Spark Connect session: ``sc://host:port`` reaches a running Connect server (serverless
+    and standard-access compute work this way); a master (``local[N]``, ``spark://host:port``)
+    starts one here, with every conf, whose work runs on that master."""
+    remote = settings.spark.remote
+    assert remote is not None
+    confs = {k: v for k, v in confs.items() if k not in CLASSIC_ONLY}
+    if remote.startswith("sc://"):
+        spark = SparkSession.builder.remote(remote).getOrCreate()
+        for key, value in _runtime_confs(confs).items():
+            spark.conf.set(key, value)
+        return spark
+    check_java()
+    if not os.environ.get("PYSPARK_PYTHON"):
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+    # Spark's API mode "connect" starts the server in this process on any master (remote() takes
+    # only local[N]); the client session then talks to it.
+    builder = SparkSession.builder.master(remote).config("spark.api.mode", "connect").appName(settings.spark.app_name)
+    for key, value in confs.items():
+        builder = builder.config(key, value)
+    with warnings.catch_warnings():
+        # The local server starts with every conf; the client then sets them again on its
+        # session, and Spark refuses the static ones it already has ("Failed to set ...").
+        warnings.filterwarnings("ignore", message="Failed to set spark")
+        return builder.getOrCreate()
+
+
+def build_spark(settings: Settings) -> SparkSession:
+    """Return the SparkSession for these settings (reusing an active one on a cluster)."""
+    confs = spark_confs(settings)
+    if settings.spark.remote:
+        return build_connect(settings, confs)
+    if _under_cluster_manager():
+        spark = SparkSession.builder.getOrCreate()
+        for key, value in _runtime_confs(confs).items():
+            spark.conf.set(key, value)
+        return spark
+
+    check_java()
+    if not os.environ.get("PYSPARK_PYTHON"):
+        # The conf alone does not reach every worker launch (Arrow UDFs in local mode start
+        # ``$PYSPARK_PYTHON`` or ``python3`` from PATH), so the environment says it too.
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+    builder = SparkSession.builder.master(settings.spark.master or "local[2]").appName(settings.spark.app_name)
+    for key, value in confs.items():
+        builder = builder.config(key, value)
+    try:
+        spark = builder.getOrCreate()
+    except Exception as exc:  # py4j/pyspark raise several types when the JVM cannot start
+        if "JAVA_GATEWAY_EXITED" in str(exc) or "Java gateway process exited" in str(exc):
+            raise JavaNotFoundError(f"{JAVA_HELP} (the Java gateway exited at start)") from exc
+        raise
+    spark.sparkContext.setLogLevel(settings.spark.log_level)
+    return spark
+
+
+def has_delta_classes(spark: SparkSession) -> bool:
+    """True when this session can read Delta: the Delta Lake classes are on its classpath.
+
+    Asked of the session itself (the ``delta`` source resolves, or Spark names it as missing), so
+    it holds over Spark Connect too, where no JVM is at hand.
+    """
+    probe = f"{spark.conf.get('spark.sql.warehouse.dir', '/tmp')}/_medallion_delta_probe_missing"
+    try:
+        spark.read.format("delta").load(probe).schema  # noqa: B018 (resolving it is the probe)
+    except Exception as exc:
+        text = str(exc)
+        if "DATA_SOURCE_NOT_FOUND" in text or "Failed to find the data source" in text:
+            return False
+        return True  # the source resolved; the probe path is (meant to be) missing
+    return True
+
+
+@contextmanager
+def session_confs(spark: SparkSession, confs: Mapping[str, str]) -> Iterator[None]:
+    """``confs`` set on the session in this block; each key's own value (or its absence) comes
+    back after it."""
+    before: dict[str, str | None] = {key: spark.conf.get(key, None) for key in confs}
+    for key, value in confs.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, old in before.items():
+            if old is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, old)
+
+
+def interpreted(spark: SparkSession) -> AbstractContextManager[None]:
+    """Queries run interpreted in a block (``spark.generated_code: false``)."""
+    return session_confs(spark, INTERPRETED)
+
+
+def observed_as_read(df: DataFrame, **figures: Column) -> tuple[DataFrame, Callable[[], dict[str, Any]]]:
+    """``df`` computing the aggregates ``figures`` as the first action that reads it runs
+    (``DataFrame.observe``), and how to get them, by name, once such an action has run: no pass of
+    their own. (Asked before, it waits for one.) Where the action did not run the observed plan
+    (Spark knew the frame empty), they are a query of their own."""
+    observed = Observation(f"figures_{uuid.uuid4().hex}")
+    named = [column.alias(name) for name, column in figures.items()]
+
+    def values() -> dict[str, Any]:
+        try:
+            if _given(observed):
+                return dict(observed.get)
+        except Exception:  # Spark's error for an observation the action did not run
+            pass
+        row = df.agg(*named).first()  # one row: figures, not rows
+        return row.asDict() if row else {}
+
+    return df.observe(observed, *named), values
+
+
+def _given(observed: Observation, wait: float = 2.0) -> bool:
+    """Whether an action gave ``observed`` its figures. A classic session's ``get`` waits for one
+    without end (a plan run only inside another engine's query, such as a Delta MERGE, may never
+    give them), so its JVM future is asked first, for up to ``wait`` seconds (the figures arrive
+    with the action's end). Spark Connect's ``get`` raises instead."""
+    jo = getattr(observed, "_jo", None)
+    if jo is None:
+        return True
+    deadline = time.monotonic() + wait
+    while not jo.future().isCompleted():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True

@@ -1,0 +1,1 @@
+"""The demo: the whole pipeline on one machine, its shipped data and synthetic inputs."""

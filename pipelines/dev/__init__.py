@@ -1,0 +1,1 @@
+"""Development tools: the bench, the local test services, analysis."""

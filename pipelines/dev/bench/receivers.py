@@ -1,0 +1,93 @@
+"""``medallion serve remote-write`` as a separate command, for the bench's process-count stage."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from pipelines.config.settings import env_name
+from pipelines.runtime.tables import BRONZE_SAMPLES
+
+FLUSH_INTERVAL = "0.5s"
+
+
+class ReceiverCommand:
+    """The receiver command with ``processes`` processes on a free loopback port of the lake of
+    ``settings``; ``remote_write`` sets remote-write settings by key (``{"fsync": "interval"}``)."""
+
+    def __init__(
+        self,
+        settings: Any,
+        store: Any,
+        processes: int,
+        workers: int,
+        timeout: float = 120.0,
+        remote_write: dict[str, str] | None = None,
+    ) -> None:
+        self.settings, self.store, self.processes = settings, store, processes
+        self.timeout = timeout
+        self.log = Path(settings.lake_root) / "_logs" / "receiver.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MEDALLION_")}
+        env |= {
+            "MEDALLION_LAKE_ROOT": str(settings.lake_root),
+            "MEDALLION_DELTA_ENGINE": settings.delta_engine,
+            "MEDALLION_REMOTE_WRITE__FLUSH_INTERVAL": FLUSH_INTERVAL,
+            "MEDALLION_REMOTE_WRITE__WORKERS": str(workers),
+        }
+        env |= {env_name(("remote_write", key)): value for key, value in (remote_write or {}).items()}
+        command = [sys.executable, "-c", "from pipelines.app.cli import main; main()", "serve", "remote-write"]
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "w") as log:  # a file, not a pipe nobody reads once it listens
+            self.proc = subprocess.Popen(
+                [*command, "--port", "0", "--processes", str(processes)], env=env, stderr=log, text=True
+            )
+        self.port = self._listening()
+        self.stopping = False
+
+    def _listening(self) -> int:
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            m = re.search(r"http://[^:]+:(\d+)/api/v1/write", self.log.read_text())
+            if m:
+                return int(m.group(1))
+            time.sleep(0.05)
+        self.proc.kill()
+        self.proc.wait()
+        raise RuntimeError(f"the receiver did not start: {self.log.read_text()[-2000:]}")
+
+    def stop_and_wait_landed(self, samples: int) -> float:
+        """SIGTERM (each process flushes what it acknowledged), wait for the command to exit and
+        check that bronze holds ``samples``; return when the last of them landed (the epoch
+        seconds of the table's last commit). Reading the commit time afterwards, rather than
+        reading Delta over and over while it runs, leaves the cores to the receivers and leaves
+        out how long the processes take to exit."""
+        self.proc.send_signal(signal.SIGTERM)
+        self.stopping = True  # once: a second SIGTERM during interpreter exit would kill it
+        code = self.proc.wait(self.timeout)
+        stats = self.store.stats(BRONZE_SAMPLES)
+        if code != 0 or stats.rows != samples or stats.last_write is None:
+            raise RuntimeError(
+                f"{stats.rows} of {samples} samples landed; receiver exit {code}: {self.log.read_text()}"
+            )
+        return stats.last_write.timestamp()
+
+    def __enter__(self) -> ReceiverCommand:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if not self.stopping and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(self.timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if kind is None and self.proc.returncode != 0:
+            raise RuntimeError(f"the receiver exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")

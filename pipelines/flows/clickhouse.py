@@ -1,0 +1,265 @@
+"""The ClickHouse export of gold: closed windows' count changes -> ``property_values``, exactly once.
+
+Each batch is first appended to ``_meta/export_outbox`` under the next batch number (one commit),
+then sent in a fixed order and chunking, each insert carrying the token ``<batch>:<chunk>``, then
+recorded in ``gold/property_value_exports`` under the same number. A run that stopped anywhere in
+between is finished by the next one: it resends the same rows with the same tokens, which
+ClickHouse drops if they had arrived. What a batch holds is gold's rules (:mod:`gold.export`);
+this module moves it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from gold.export import (
+    EXPORT_COLUMNS,
+    EXPORT_DATASET,
+    EXPORTED_ON,
+    EXPORTED_UPDATE,
+    BatchFigures,
+    ExportProgress,
+    batch_figures,
+    change_bounds,
+    changed_keys,
+    cut_figures,
+    export_batch,
+    export_bounds,
+    exported_rows,
+    in_send_order,
+    incremental_batch,
+    newest_event,
+    outbox_rows,
+    progress_of,
+    rechunk,
+    with_last_seen,
+)
+from gold.property_values import WINDOW_START
+from pipelines.config.sections import ClickHouseSettings, GoldSettings
+from pipelines.config.settings import Settings
+from pipelines.runtime.flow_types import DeclaredTables, ExportRun, FlowRecord
+from pipelines.runtime.runner import app_id
+from pipelines.runtime.tables import EXPORT_OUTBOX, EXPORTS, GOLD_EXPORTED, GOLD_PROPERTY_VALUES
+from pipelines.sinks import clickhouse
+from pipelines.storage import AppTxn
+
+APP = app_id("export.clickhouse", GOLD_PROPERTY_VALUES)
+#: The outbox records each batch under this app id: sent in the order of its files. Batches written
+#: before that are under ``APP``: sent sorted by key.
+FILES_APP = f"{APP}#files"
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """What the export is configured with: gold's windows and cut, and its ClickHouse."""
+
+    gold: GoldSettings
+    clickhouse: ClickHouseSettings
+
+
+def export_config(settings: Settings) -> ExportConfig:
+    return ExportConfig(settings.gold, settings.clickhouse)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The next batch to export: its outbox rows (a view of a frame the run cached), their
+    figures and the gold version they were cut from."""
+
+    rows: DataFrame
+    figures: BatchFigures
+    gated: int
+    dropped: int
+    closed_before: datetime | None
+    gold_version: int
+
+
+@dataclass
+class PropertyValuesExport:
+    """One run of the export of gold/property_values to ClickHouse."""
+
+    run: ExportRun
+    config: ExportConfig
+    record: FlowRecord
+
+    @property
+    def tables(self) -> DeclaredTables:
+        return self.run.tables
+
+    def batches(self) -> tuple[int, int]:
+        """(the newest batch in the outbox, the newest one recorded as exported)."""
+        out_seq = max(self.tables.txn_version(EXPORT_OUTBOX, a) or 0 for a in (APP, FILES_APP))
+        return out_seq, self.tables.txn_version(GOLD_EXPORTED, APP) or 0
+
+    def resend(self, seq: int) -> int:
+        """Send outbox batch ``seq`` again, as it was first cut, and record it; returns rows sent."""
+        rows = self.record.cache(self.tables.read(EXPORT_OUTBOX, where=f"export_seq = {seq}"))
+        in_files = self.tables.txn_version(EXPORT_OUTBOX, FILES_APP) == seq  # else a batch from before
+        outbox_version = self.tables.commit_of(EXPORT_OUTBOX, AppTxn(FILES_APP, seq)) if in_files else None
+        return self.deliver(seq, rows, batch_figures(rows), outbox_version)
+
+    def deliver(self, seq: int, rows: DataFrame, figures: BatchFigures, outbox_version: int | None) -> int:
+        """Send batch ``seq`` (its outbox ``rows``) and record it as exported; returns rows sent.
+
+        The rows go to ClickHouse straight from the files the outbox commit ``outbox_version``
+        added, in their order (no sort, no copy), in chunks of ``insert_chunk_rows`` whose tokens
+        name their place in that order: a resend cuts the same files into the same chunks. A batch
+        written before the outbox recorded ``FILES_APP`` (``outbox_version`` None) is resent as it
+        was first sent: sorted by its key.
+        """
+        sent = self.send(seq, rows, outbox_version)
+        self.record_exported(seq, rows, figures)
+        log_row = pa.Table.from_pylist(
+            [
+                {
+                    "sink": "clickhouse",
+                    "target": clickhouse.PROPERTY_VALUES_TABLE,
+                    "source": GOLD_PROPERTY_VALUES.key,
+                    "from_version": seq,
+                    "to_version": seq,
+                    "rows": sent,
+                    "count_sum": figures.count_sum,
+                    "exported_at": datetime.now(UTC),
+                }
+            ],
+            schema=EXPORTS.arrow_schema,
+        )
+        self.tables.append_once(EXPORTS, log_row, AppTxn(APP, seq))
+        self.record.incr(rows_exported=sent, late_corrections=figures.corrections, count_sum=figures.count_sum)
+        return sent
+
+    def send(self, seq: int, rows: DataFrame, outbox_version: int | None) -> int:
+        window, ch = self.config.gold.window, self.config.clickhouse
+        batches = (
+            self.tables.stream(in_send_order(rows, window))
+            if outbox_version is None
+            else self.tables.stream_added(EXPORT_OUTBOX, outbox_version, EXPORT_COLUMNS)
+        )
+        sent = 0
+        with clickhouse.connect(ch) as client, batches as reader:
+            clickhouse.ensure_property_values(client, ch.database, ch.ttl_days)
+            for i, data in enumerate(rechunk(reader, ch.insert_chunk_rows)):
+                if outbox_version is not None:
+                    data = with_last_seen(data, window)
+                token = _token(seq, i, "c" if outbox_version is None else "f")
+                clickhouse.insert(client, clickhouse.PROPERTY_VALUES_TABLE, data, token, ch.database)
+                sent += data.num_rows
+        return sent
+
+    def record_exported(self, seq: int, rows: DataFrame, figures: BatchFigures) -> None:
+        """What batch ``seq`` exported, in two writes, each as cheap as the batch: the tuples
+        exported for the first time are appended (under ``<app>#new``, so a redo does not append
+        them twice), and only the corrections are merged into what was exported before, in the
+        commit that records the batch. An append never rewrites the files the exported state holds.
+        """
+        if figures.rows > figures.corrections:
+            first_time = exported_rows(rows.where(~F.col("correction")))
+            self.tables.append_once(GOLD_EXPORTED, first_time, AppTxn(f"{APP}#new", seq))
+        if figures.corrections:
+            self.tables.merge(
+                GOLD_EXPORTED,
+                exported_rows(rows.where(F.col("correction"))),
+                on=EXPORTED_ON,
+                update=EXPORTED_UPDATE,
+                txns=[AppTxn(APP, seq)],
+            )
+        else:  # nothing to correct: the commit records the batch alone
+            self.tables.append(GOLD_EXPORTED, GOLD_EXPORTED.arrow_schema.empty_table(), [AppTxn(APP, seq)])
+
+    def next_batch(self, seq: int, prev: ExportProgress | None) -> Batch | str:
+        """Batch ``seq``: what gold holds for windows closed since batch ``seq - 1`` (``prev``),
+        and corrections for late counts in windows closed before; or why there is none."""
+        g, cache = self.config.gold, self.record.cache
+        version = self.tables.version(GOLD_PROPERTY_VALUES)
+        assert version is not None  # the runner ensured it
+        if prev is None:
+            # The first export (or the first since the lake kept its progress): all of gold. Not
+            # cached: the newest event time reads one column, the batch reads gold once.
+            gold = self.tables.read(GOLD_PROPERTY_VALUES)
+            newest = newest_event(gold, None)
+            exported = self.tables.read(GOLD_EXPORTED)
+        else:
+            # Only what changed: the windows closed since the last batch, and the tuples of
+            # windows closed before it that gold's change feed shows late counts for. One pass
+            # over the changes finds the newest event and the late tuples' windows, to read only
+            # their part of gold and of what was exported.
+            changes = cache(self.tables.read_changes(GOLD_PROPERTY_VALUES, prev.gold_version + 1, version))
+            newest, windows = change_bounds(changes, g.window, prev)
+            late = changes.transform(changed_keys(g.window, prev.closed_through))
+            exported = self.tables.read(GOLD_EXPORTED).where(F.col(WINDOW_START).isin(windows))
+        if newest is None:
+            return "gold is empty"
+        bounds = export_bounds(newest, g.window, g.grace, self.run.drain, prev)
+        if prev is None:
+            cut = gold.transform(
+                export_batch(exported, g.window, bounds.closed_before, g.min_export_count, g.top_values_per_key)
+            )
+        else:
+            cut = self.tables.read(GOLD_PROPERTY_VALUES).transform(
+                incremental_batch(
+                    late,
+                    windows,
+                    exported,
+                    g.window,
+                    prev.closed_through,
+                    bounds.closed_before,
+                    g.min_export_count,
+                    g.top_values_per_key,
+                )
+            )
+        whole = cache(cut)
+        figures = cut_figures(whole)  # the flags and what is sent, in one pass that fills the cache
+        if prev is not None:  # the cut is all it needs from here on
+            self.record.release(changes)
+        sendable = whole.where("NOT _gated AND NOT _dropped").drop("_gated", "_dropped")
+        # A view of the cached batch, not cached again: the gate checks it as the outbox write reads it.
+        rows = sendable.transform(outbox_rows(seq, version, newest, bounds.through))
+        return Batch(rows, figures.sent, figures.gated, figures.dropped, bounds.closed_before, version)
+
+
+def property_values(run: ExportRun, config: ExportConfig, record: FlowRecord) -> None:
+    """Closed windows of gold -> ClickHouse, exactly once, with corrections for late counts (see
+    the module's docstring)."""
+    export, tables = PropertyValuesExport(run, config, record), run.tables
+    out_seq, done_seq = export.batches()
+    if out_seq > done_seq:
+        resent = export.resend(out_seq)
+        record.say(f"export: finished batch {out_seq} that a stopped run had left ({resent:,} rows)")
+    prev = None if out_seq == 0 else progress_of(tables.read(EXPORT_OUTBOX, where=f"export_seq = {out_seq}"))
+    if prev is not None and prev.gold_version == tables.version(GOLD_PROPERTY_VALUES) and not run.drain:
+        record.noop(f"gold has not changed since export batch {out_seq}")
+        return
+    seq = out_seq + 1
+    batch = export.next_batch(seq, prev)
+    if isinstance(batch, str):
+        record.noop(batch)
+        return
+    record.add(gated=batch.gated, top_values_dropped=batch.dropped, source_to=batch.gold_version)
+    if batch.closed_before is not None:
+        record.add(watermark_epoch_s=batch.closed_before.timestamp())
+    if batch.figures.rows == 0:
+        gated = f" ({batch.gated:,} gated)" if batch.gated else ""
+        record.noop("no closed window has counts to export" + gated)
+        return
+    gate = run.gate(EXPORT_DATASET, batch.rows, AppTxn(APP, seq))
+    outbox_version = gate.write(lambda rows: tables.append(EXPORT_OUTBOX, rows, [AppTxn(FILES_APP, seq)]))
+    # A gate's drop check may have kept fewer rows than the batch counted: count what it kept.
+    figures = batch.figures if gate.kept_all else batch_figures(gate.rows)
+    sent = export.deliver(seq, gate.rows, figures, outbox_version)
+    record.rows(sent, sent)
+    record.say(
+        f"export: batch {seq}: {sent:,} rows to ClickHouse {clickhouse.PROPERTY_VALUES_TABLE} "
+        f"({int(record.figure('late_corrections')):,} corrections, {batch.gated:,} gated)"
+        + (" (drained)" if run.drain else "")
+    )
+
+
+def _token(seq: int, chunk: int, order: str) -> str:
+    """The insert token of chunk ``chunk`` of batch ``seq``; ``order`` tells how the batch was cut:
+    ``c`` sorted by key (batches written before ``f``), ``f`` in the order of the outbox's files."""
+    return f"medallion:{GOLD_PROPERTY_VALUES.key}:batch{seq}:{order}{chunk}"

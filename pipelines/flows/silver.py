@@ -1,0 +1,246 @@
+"""Silver jobs: bronze events -> bucketed silver events; bronze page changes -> deduplicated, in order."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from pipelines.config.layers import bucket_mapping
+from pipelines.config.sections import PageChangeSettings
+from pipelines.config.settings import Settings
+from pipelines.runtime.flow_types import Batch, FlowRecord, StateBatch, StateRules, StateStep
+from pipelines.runtime.tables import SILVER_EVENTS, SILVER_PAGE_CHANGES
+from silver.buckets import BucketMapping, assign_buckets, in_buckets
+from silver.dedup import IDENTITY, REPEAT, first_copies, mark_repeats, recent_identities, suspects
+from silver.events import to_silver_events
+from silver.page_changes import (
+    EVENT_COLUMNS,
+    SILVER_PAGE_CHANGES_COLUMNS,
+    dedup_run,
+    event_clock,
+    next_state,
+    state_counts,
+    state_events,
+    state_last_emitted,
+    state_progress,
+)
+
+
+@dataclass(frozen=True)
+class SilverConfig:
+    """What silver.events is configured with: the team buckets and the dedup horizon (0: off)."""
+
+    mapping: BucketMapping
+    horizon: timedelta
+
+
+def silver_config(settings: Settings) -> SilverConfig:
+    return SilverConfig(bucket_mapping(settings), settings.silver.dedup_horizon)
+
+
+def events(batch: Batch, config: SilverConfig, record: FlowRecord) -> DataFrame:
+    """New bronze events -> silver events with their team bucket (this run's buckets only), each
+    event once: repeats of an identity silver or the batch already holds within the horizon are
+    dropped and counted (:mod:`silver.dedup`).
+
+    Not cached: the gate's checks and the figures read the event columns only, so Spark leaves the
+    property parse out of them and re-reads those columns from bronze; the documents are parsed
+    once, by the write. (Caching the batch cost more than the parse it saved: the cache holds
+    every parsed document.)
+    """
+    rows = batch.rows.transform(assign_buckets(config.mapping)).transform(in_buckets(batch.buckets))
+    if config.horizon:
+        rows = rows.transform(without_repeats(batch, config.horizon, record))
+    out = rows.transform(to_silver_events(config.mapping))
+    buckets = batch.buckets or range(config.mapping.count)
+    if len(buckets) > OBSERVED_BUCKETS:  # a figure per bucket is a query of its own (events_figures)
+        return out
+    return record.observe(BUCKET_FIGURES, out, **bucket_figures(buckets))
+
+
+#: Per-bucket figures are computed by the write for runs over at most this many buckets (two
+#: aggregates per bucket); a run over more counts them in a query after the write.
+OBSERVED_BUCKETS = 64
+BUCKET_FIGURES = "buckets"
+
+
+def bucket_figures(buckets: Iterable[int]) -> dict[str, Column]:
+    """The events of each bucket and the newest event time among them, as aggregates named
+    ``n<bucket>`` and ``t<bucket>``."""
+    figures = {}
+    for b in buckets:
+        mine = F.col("bucket") == F.lit(b)
+        figures[f"n{b}"] = F.count_if(mine)
+        figures[f"t{b}"] = F.max(F.when(mine, F.col("event_time")))
+    return figures
+
+
+#: Suspect identities up to this many are broadcast to the anti-join that lets every other row by.
+BROADCAST_SUSPECTS = 2_000_000
+
+
+def without_repeats(batch: Batch, horizon: timedelta, record: FlowRecord) -> Callable[[DataFrame], DataFrame]:
+    """Bucketed bronze rows -> the same rows without repeats of an event, with the figures
+    ``input_events`` and ``duplicates_dropped``.
+
+    Only the suspects (:func:`silver.dedup.suspects`: identities the batch or silver holds more
+    than once, found in one aggregation of identity columns) go through the window that finds the
+    first copy; they and their rows are cached, as few as the repeats. Every other row passes by an
+    anti-join with the suspects (broadcast up to :data:`BROADCAST_SUSPECTS`), so the gate, the
+    write and the figures each read the batch as they would without deduplication.
+    """
+
+    def transform(rows: DataFrame) -> DataFrame:
+        # One row: the batch's size and earliest event time (silver is read from the horizon before it).
+        first = rows.agg(F.count(F.lit(1)), F.min("timestamp")).first()
+        n_in, earliest = (int(first[0]), first[1]) if first else (0, None)
+        record.add(input_events=n_in, duplicates_dropped=0)
+        held = None
+        if earliest is not None:
+            since = earliest - horizon
+            held = batch.read_since(SILVER_EVENTS, "event_time", since).transform(in_buckets(batch.buckets))
+        maybe = record.cache(suspects(rows, held))
+        n_suspects = maybe.count()  # materializes the cache
+        if not n_suspects:  # no identity held twice: nothing to drop
+            return rows
+        ids = maybe.select(*IDENTITY)
+        if n_suspects <= BROADCAST_SUSPECTS:
+            ids = F.broadcast(ids)
+        marked = record.cache(
+            rows.join(ids, list(IDENTITY), "left_semi").transform(mark_repeats(maybe, horizon, time="timestamp"))
+        )
+        record.add(duplicates_dropped=marked.where(F.col(REPEAT)).count())
+        return rows.join(ids, list(IDENTITY), "left_anti").unionByName(first_copies(marked))
+
+    return transform
+
+
+def events_figures(out: DataFrame, config: SilverConfig, record: FlowRecord) -> None:
+    observed = record.observed(BUCKET_FIGURES)
+    if observed:  # counted by the write
+        buckets = sorted(int(k[1:]) for k in observed if k.startswith("n"))
+        per_bucket = [{"bucket": b, "n": observed[f"n{b}"], "t": observed[f"t{b}"]} for b in buckets]
+        per_bucket = [r for r in per_bucket if r["n"]]
+    else:  # one row per bucket: the batch's figures, not its rows
+        per_bucket = [
+            r.asDict()
+            for r in out.groupBy("bucket").agg(F.count(F.lit(1)).alias("n"), F.max("event_time").alias("t")).collect()
+        ]
+    n_out = sum(int(r["n"]) for r in per_bucket)
+    n_in = int(record.figure("input_events")) if config.horizon else n_out
+    record.rows(n_in, n_out)
+    record.add(**{f"bucket.{r['bucket']}.events": int(r["n"]) for r in per_bucket})
+    # Lag: how far behind now the newest event of each bucket in this batch is.
+    now = datetime.now(UTC).timestamp()
+    record.add(
+        **{
+            f"bucket.{r['bucket']}.lag_seconds": round(now - r["t"].timestamp(), 3)
+            for r in per_bucket
+            if r["t"] is not None
+        }
+    )
+    repeats = int(record.figure("duplicates_dropped"))
+    dropped = f", {repeats:,} repeat(s) dropped" if repeats else ""
+    record.say(f"silver/events: {n_out:,} events in {len(per_bucket)} bucket(s){dropped}")
+
+
+def page_changes_done(state: DataFrame) -> int | None:
+    """The bronze version the page-change state has processed (its one progress row)."""
+    progress = state.transform(state_progress).first()
+    return progress["bronze_version"] if progress else None
+
+
+#: How the runner keeps silver/page_changes' state: open-window events, the last change emitted
+#: per page and the progress, replaced each run with the run's output rows (its outbox).
+PAGE_CHANGE_STATE = StateRules(page_changes_done, state_events, "emit", SILVER_PAGE_CHANGES_COLUMNS)
+
+
+@dataclass(frozen=True)
+class PageChangeConfig:
+    """silver.page_changes' rules and the dedup horizon of exact repeats (``meta.id``; 0: off)."""
+
+    rules: PageChangeSettings
+    horizon: timedelta
+
+
+def page_change_config(settings: Settings) -> PageChangeConfig:
+    return PageChangeConfig(settings.page_changes, settings.silver.dedup_horizon)
+
+
+#: A page change's identity: its ``meta.id``, the same on every copy of one change.
+META_ID = ("meta_id",)
+#: The order page changes landed in (bronze's commit, file, partition, offset), then their text.
+PAGE_CHANGE_ORDER = ("_commit_version", "source_file", "partition", "offset", "raw")
+
+
+def page_changes(batch: StateBatch, config: PageChangeConfig, record: FlowRecord) -> StateStep:
+    """New bronze page changes and the state -> reordered, deduplicated page changes, window by
+    window, and the next state (silver.page_changes).
+
+    An exact repeat (a ``meta.id`` landed before it, in this batch or buffered in an open window,
+    within the horizon) is dropped first and counted as ``duplicates_dropped``; a repeat of a change
+    whose window is closed is older than what the page emitted, so the rules drop it as stale.
+    """
+    cfg, state = config.rules, batch.state
+    progress = state.transform(state_progress).first()
+    max_seen = progress["max_event_time"] if progress else None
+    buffered = state.transform(state_events)
+    new = batch.rows
+    n_in, batch_max, n_repeats = 0, None, 0
+    if new is not None:
+        if config.horizon:
+            seen = recent_identities(buffered, META_ID)
+            new = new.transform(mark_repeats(seen, config.horizon, order=PAGE_CHANGE_ORDER, identity=META_ID))
+        else:
+            new = new.withColumn(REPEAT, F.lit(False))
+        # One row: the batch's figures.
+        totals = new.agg(
+            F.count(F.lit(1)).alias("n"), F.max("event_time").alias("t"), F.sum(F.col(REPEAT).cast("long"))
+        ).first()
+        if totals:
+            n_in, batch_max, n_repeats = int(totals[0]), totals[1], int(totals[2] or 0)
+        new = first_copies(new).select(*EVENT_COLUMNS)
+        if config.horizon:
+            record.add(duplicates_dropped=n_repeats)
+    max_seen, watermark = event_clock(max_seen, batch_max, cfg.allowed_lateness, batch.drain)
+    events = buffered if new is None else buffered.unionByName(new)
+    result = dedup_run(events, state.transform(state_last_emitted), cfg.mode, cfg.window, watermark)
+    # Several actions read these; caching them keeps each step computed once.
+    for df in (result.windowed, result.finalized):
+        record.cache(df)
+    finalized = (
+        result.finalized.groupBy()
+        .agg(F.count(F.lit(1)).alias("n"), F.sum(F.col("_stale").cast("int")).alias("stale"))
+        .first()
+    )
+    emitted = record.gate(SILVER_PAGE_CHANGES.key, record.cache(result.emitted))
+    # The next state, computed once: one query counts its parts, and the state write reads it.
+    state_rows = record.cache(next_state(result.buffered, result.last_emitted, emitted, max_seen, batch.end))
+    parts = state_rows.agg(*state_counts()).first()
+    assert parts is not None, "a global aggregate has one row"
+    n_emitted, buffered_events, open_windows = (int(parts[k]) for k in ("emit", "event", "windows"))
+    n_final = int(finalized["n"] or 0) if finalized else 0
+    stale = int(finalized["stale"] or 0) if finalized else 0
+    record.rows(n_in, n_emitted)
+    record.add(
+        input_events=n_in,
+        finalized_events=n_final,
+        emitted=n_emitted,
+        stale=stale,
+        deduplicated=n_final - n_emitted - stale,
+        open_windows=open_windows,
+        buffered_events=buffered_events,
+        state_rows=int(parts["rows"]),
+    )
+    if watermark is not None:
+        record.add(watermark_epoch_s=watermark.timestamp())
+    record.say(
+        f"silver/page_changes: {n_in:,} new, {n_final:,} in closed windows -> {n_emitted:,} emitted, "
+        f"{stale:,} stale, {buffered_events:,} buffered in {open_windows:,} open window(s)"
+        + (" (drained)" if batch.drain else "")
+    )
+    return StateStep(state_rows)

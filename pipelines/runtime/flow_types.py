@@ -1,0 +1,351 @@
+"""The flow model: what a flow is, and everything its code sees. A leaf of the runtime.
+
+A flow (:class:`Flow`) is data: its name, its stage, the tables it reads and writes, how it
+writes, and its code. Its code sees only the types here: a :class:`Batch` (or a
+:class:`StateBatch`, or an :class:`ExportRun` for an export), its typed config, and a
+:class:`FlowRecord` for its figures. The runners (:mod:`pipelines.runtime.incremental`,
+:mod:`pipelines.runtime.exports`) and the dispatch (:mod:`pipelines.runtime.passes`) import
+this module; it imports none of them, nor the registry (:mod:`pipelines.flows`), so flow code
+and the registry can import it without a cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, TypeVar
+
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame
+
+from pipelines.config.settings import Settings
+from pipelines.config.spark import observed_as_read
+from pipelines.runtime.eventlog import RunRecord, passed_rows
+from pipelines.runtime.progress import Increment, append_once, pending
+from pipelines.storage import AppTxn, Predicate, TableSpec, TableStore
+
+#: How a flow writes its main target: appends, a MERGE, a state table it rewrites per key, or an
+#: export to a system outside the lake (with its own log table); ``ingest``: landed from outside.
+Mode = Literal["ingest", "append", "merge", "state", "export"]
+
+
+@dataclass
+class RunOptions:
+    """What one pass of ``medallion run`` gives its flows."""
+
+    buckets: Sequence[int] | None = None
+    #: Treat every window as closed (the end of a backfill).
+    drain: bool = False
+
+
+@dataclass(frozen=True)
+class Flow:
+    """One flow's declaration."""
+
+    name: str
+    stage: str
+    sources: tuple[TableSpec, ...]
+    targets: tuple[TableSpec, ...]
+    mode: Mode
+    description: str
+    #: Splits by team bucket (``--bucket``): one app id per bucket set.
+    by_bucket: bool = False
+    #: Where it reads from or writes to outside the lake (Kafka, files, HTTP, ClickHouse).
+    external_source: str | None = None
+    external_target: str | None = None
+    #: Tables whose quality suite gates this flow's writes.
+    gated: tuple[str, ...] = field(default=())
+    #: The flow's code, given its typed config and its record; the runner does the rest. An
+    #: incremental flow's (:mod:`pipelines.runtime.incremental`) maps new source rows to target rows (a
+    #: :class:`Batch` -> a DataFrame; with ``state``, a :class:`StateBatch` -> a
+    #: :class:`StateStep`); an export's (:mod:`pipelines.runtime.exports`) sends an :class:`ExportRun`'s
+    #: rows to its sink. None: started by ``medallion ingest`` / ``serve``, not by ``medallion run``.
+    transform: Callable[[Any, Any, FlowRecord], Any] | None = None
+    #: How a ``merge`` flow MERGEs its transform's rows into its target (else they are appended).
+    merge: MergeRules | None = None
+    #: Its written rows stay cached for the next flow of the pass, if that reads them (Handoff).
+    hands_off: bool = False
+    #: A flow with state (``mode="state"``; its targets are its output and its state table): how
+    #: the runner reads and writes the state.
+    state: StateRules | None = None
+    #: What its transform gets of the source's new commits: the rows they added, or their change
+    #: feed (``_change_type``, ``_commit_version``, ...); or ``all``: the whole source every run.
+    reads: Literal["inserts", "changes", "all"] = "inserts"
+    #: Builds the transform's typed config from settings, once per run.
+    config: Callable[[Settings], Any] | None = None
+    #: Why the flow has nothing to do under this config (a noop), else None.
+    skip: Callable[[Any], str | None] | None = None
+    #: Figures of what was written (the rows appended), after the commit.
+    figures: Callable[[DataFrame, Any, FlowRecord], None] | None = None
+    #: Table key -> how ``medallion validate`` reads it with the figures that tie it to its
+    #: sources (a conservation check of what this flow writes).
+    checks: Mapping[str, TableCheck] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What a flow's transform gets: the rows added to its source in versions ``start..end``."""
+
+    rows: DataFrame
+    start: int
+    end: int
+    buckets: Sequence[int] | None = None
+    #: Reads another table as it is now (a lookup, never a source of increments).
+    lookup: Callable[[TableSpec, str | None], DataFrame] | None = None
+    #: The rows are in memory already: handed over by the flow before (:class:`Handoff`).
+    kept: bool = False
+    #: Treat every window as closed (the end of a backfill).
+    drain: bool = False
+    #: Reads another table's rows from a point of a column on (:meth:`read_since`).
+    since: Callable[[TableSpec, str, datetime], DataFrame] | None = None
+
+    def read(self, spec: TableSpec, where: str | None = None) -> DataFrame:
+        assert self.lookup is not None, "a batch built without a lookup"
+        return self.lookup(spec, where)
+
+    def read_since(self, spec: TableSpec, column: str, since: datetime) -> DataFrame:
+        """Another table's rows whose ``column`` is ``since`` or later, from the files that may
+        hold them (:meth:`pipelines.storage.TableStore.read_since`)."""
+        assert self.since is not None, "a batch built without a lookup"
+        return self.since(spec, column, since)
+
+    def empty(self, spec: TableSpec) -> DataFrame:
+        """No rows, with ``spec``'s schema."""
+        return self.rows.sparkSession.createDataFrame([], spec.schema)
+
+
+@dataclass(frozen=True)
+class MergeRules:
+    """How a flow MERGEs its rows (alias ``s``) into its target (alias ``t``); see
+    :meth:`pipelines.storage.TableStore.merge`."""
+
+    #: The match condition, for a run over these buckets (None: every bucket).
+    on: Callable[[Sequence[int] | None], Predicate]
+    update: Mapping[str, str] | None = None
+    insert: Mapping[str, str] | None = None
+    update_when: str | None = None
+
+
+@dataclass(frozen=True)
+class StateRules:
+    """How the runner reads and writes a flow's state table (its ``targets[1]``)."""
+
+    #: The source version the state has processed (None: nothing yet).
+    done: Callable[[DataFrame], int | None]
+    #: The rows it buffers for later windows (a drain run goes on while there are any).
+    buffered: Callable[[DataFrame], DataFrame]
+    #: The ``kind`` of the state's outbox rows and the output table's columns.
+    outbox_kind: str
+    outbox_columns: list[str]
+    #: Which state rows the transform reads (None: all, the last outbox's included).
+    where: str | None = None
+
+
+@dataclass(frozen=True)
+class StateBatch:
+    """What a state flow's transform gets."""
+
+    #: The state table as the last run left it (cached by the runner for the run).
+    state: DataFrame
+    #: Source rows added since (None: none, a drain run over buffered rows only).
+    rows: DataFrame | None
+    #: The source version the next state covers.
+    end: int | None
+    #: This run's number: the version of its state commit's app transaction.
+    run: int
+    #: Treat every window as closed (the end of a backfill).
+    drain: bool
+
+
+@dataclass(frozen=True)
+class StateStep:
+    """A state flow's result: the next state (its outbox rows included), and what to record
+    once the outbox is published, given how many rows it held."""
+
+    state: DataFrame
+    published: Callable[[int], None] | None = None
+
+
+@dataclass
+class FlowRecord:
+    """A flow's figures and progress lines; frames it caches are released by the runner."""
+
+    _record: RunRecord
+    _say: Callable[[str], None]
+    _gate: Callable[[str, DataFrame], DataFrame] | None = None
+    _cached: list[DataFrame] = field(default_factory=list)
+    #: Parameters the target's suite takes from this batch (its gate's ``**params``).
+    gate_params: dict[str, Any] = field(default_factory=dict)
+    _observed: dict[str, Callable[[], dict[str, Any]]] = field(default_factory=dict)
+
+    def incr(self, **figures: float | int) -> None:
+        self._record.incr(**figures)
+
+    def add(self, **figures: float | int) -> None:
+        self._record.add(**figures)
+
+    def noop(self, why: str) -> None:
+        """Nothing to write this run, and why (the transform then returns None)."""
+        self._record.noop(why)
+
+    def figure(self, name: str) -> float:
+        """A figure recorded so far this run (0 when there is none)."""
+        return float(self._record.metrics.get(name, 0))
+
+    def gated_rows(self, table: str) -> int | None:
+        """The rows of this run's batch for ``table`` that its gate counted and let through (None
+        when no gate counted them: quality off, or no check on rows): a figure with no pass of its own."""
+        return passed_rows(self._record, table)
+
+    def rows(self, rows_in: int | None = None, rows_out: int | None = None) -> None:
+        """Rows read and written, for the event log (a figure not given is left as it is)."""
+        if rows_in is not None:
+            self._record.rows_in = rows_in
+        if rows_out is not None:
+            self._record.rows_out = rows_out
+
+    def say(self, message: str) -> None:
+        self._say(message)
+
+    def observe(self, name: str, df: DataFrame, **figures: Column) -> DataFrame:
+        """``df`` computing the aggregates ``figures`` as the first action that reads it runs (the
+        write, or a pass that fills a cache), to take by ``name`` after it (:meth:`observed`): no
+        pass of their own."""
+        out, self._observed[name] = observed_as_read(df, **figures)
+        return out
+
+    def observed(self, name: str) -> dict[str, Any]:
+        """The figures :meth:`observe` named ``name`` (none when this run observed none by it)."""
+        values = self._observed.get(name)
+        return values() if values is not None else {}
+
+    def gate(self, table: str, df: DataFrame) -> DataFrame:
+        """The rows of ``df`` that ``table``'s quality suite lets through (for a flow whose gated
+        rows are not the rows it appends: a state flow's outbox)."""
+        assert self._gate is not None, "this flow's runner gates its output itself"
+        return self._gate(table, df)
+
+    def cache(self, df: DataFrame) -> DataFrame:
+        """``df`` persisted until the run ends (whatever way it ends)."""
+        kept = df.persist()
+        self._cached.append(kept)
+        return kept
+
+    def release(self, *frames: DataFrame) -> None:
+        """Unpersist ``frames`` now (frames this record cached; all of them when none is named)."""
+        gone = list(frames) if frames else list(self._cached)
+        # Newest first. Spark re-plans every cached plan that reads a frame being unpersisted and
+        # has not been computed yet (CacheManager.uncacheQuery -> recacheByCondition); a frame
+        # cached from an older one is gone before the older one goes, so nothing is re-planned.
+        for df in reversed(gone):
+            df.unpersist()
+        self._cached = [df for df in self._cached if all(df is not g for g in gone)]
+
+    def handed_over(self) -> list[DataFrame]:
+        """The frames cached so far, now the :class:`Handoff`'s to release."""
+        cached, self._cached = self._cached, []
+        return cached
+
+
+class DeclaredTables:
+    """The table store as an export's code uses it: reads and writes of the tables its flow
+    declares (sources and targets), and no other (asking for another is a bug in the flow)."""
+
+    def __init__(self, store: TableStore, flow: str, declared: Sequence[TableSpec]) -> None:
+        self._store, self._flow = store, flow
+        self._keys = frozenset(s.key for s in declared)
+
+    def _mine(self, spec: TableSpec) -> TableSpec:
+        if spec.key not in self._keys:
+            raise AssertionError(f"{self._flow} does not declare {spec.key}: add it to its sources or targets")
+        return spec
+
+    def read(self, spec: TableSpec, where: str | None = None) -> DataFrame:
+        return self._store.read(self._mine(spec), where)
+
+    def read_changes(self, spec: TableSpec, start: int, end: int | None = None) -> DataFrame:
+        return self._store.read_changes(self._mine(spec), start, end)
+
+    def version(self, spec: TableSpec) -> int | None:
+        return self._store.version(self._mine(spec))
+
+    def pending(self, source: TableSpec, target: TableSpec, app: str) -> Increment | None:
+        """The source versions not yet recorded by ``app`` on ``target`` (:func:`pipelines.runtime.progress.pending`)."""
+        return pending(self._store, self._mine(source), self._mine(target), app)
+
+    def txn_version(self, spec: TableSpec, app: str) -> int | None:
+        return self._store.txn_version(self._mine(spec), app)
+
+    def commit_of(self, spec: TableSpec, txn: AppTxn) -> int:
+        return self._store.commit_of(self._mine(spec), txn)
+
+    def append(self, spec: TableSpec, data: pa.Table | DataFrame, txns: Sequence[AppTxn]) -> int:
+        return self._store.append(self._mine(spec), data, txns)
+
+    def append_once(self, spec: TableSpec, data: pa.Table | DataFrame, txn: AppTxn) -> bool:
+        """Append unless ``spec`` already records ``txn`` (:func:`pipelines.runtime.progress.append_once`)."""
+        return append_once(self._store, self._mine(spec), data, txn)
+
+    def merge(
+        self, spec: TableSpec, source: DataFrame, on: Predicate, update: Mapping[str, str], txns: Sequence[AppTxn]
+    ) -> int:
+        return self._store.merge(self._mine(spec), source, on=on, update=update, txns=txns)
+
+    def stream(self, df: DataFrame) -> AbstractContextManager[pa.RecordBatchReader]:
+        """``df``'s rows as Arrow batches in the driver, one at a time (for the sink)."""
+        return self._store.stream(df)
+
+    def stream_added(
+        self, spec: TableSpec, version: int, columns: Sequence[str]
+    ) -> AbstractContextManager[pa.RecordBatchReader]:
+        return self._store.stream_added(self._mine(spec), version, columns)
+
+
+@dataclass(frozen=True)
+class ExportRun:
+    """What an export's code gets besides its config and record."""
+
+    tables: DeclaredTables
+    #: Treat every window as closed (the end of a backfill).
+    drain: bool
+    #: The gate of a frame written under ``txn`` by a table's (or dataset's) suite, checked by
+    #: the write where the suite allows (:func:`pipelines.runtime.quality.gate_in_write`).
+    gate: Callable[[str, DataFrame, AppTxn], WriteGate]
+
+
+T = TypeVar("T")
+
+
+#: A table as its suite checks it: its rows, the figures that tie it to its sources (or None), the
+#: suite's parameters, and a note on what was left out (or None).
+Frames = tuple[DataFrame, DataFrame | None, dict[str, Any], str | None]
+#: How ``medallion validate`` reads a table with those figures (None: the table does not exist yet).
+TableCheck = Callable[[TableStore, Settings], Frames | None]
+
+
+@dataclass
+class WriteGate:
+    """A gate run by the write itself (:func:`gate_in_write`): :meth:`write` its ``rows``."""
+
+    rows: DataFrame
+    passed: Callable[[], None]
+    #: Validates the batch as :func:`gate` does when the write failed on a row (raises why).
+    failed: Callable[[], None]
+    #: Whether ``rows`` holds every row of the batch (no ``drop`` check removed any): then
+    #: figures counted over the batch before the gate hold for what is written.
+    kept_all: bool = True
+
+    def write(self, write: Callable[[DataFrame], T]) -> T:
+        """``write(rows)``, then the gate's results; a row that stopped the write raises why."""
+        try:
+            out = write(self.rows)
+        except Exception as exc:
+            from expectations.runner import FAILED_IN_WRITE  # Great Expectations: imported when used
+
+            if FAILED_IN_WRITE in str(exc):
+                self.failed()
+            raise
+        self.passed()
+        return out

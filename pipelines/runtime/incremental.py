@@ -1,0 +1,274 @@
+"""Incremental flows whose code is a transform: the runner does everything else.
+
+A flow declared with a ``transform`` (:class:`pipelines.flows.Flow`) reads its source's new
+commits and appends the transform's rows to its target. Its code sees only a :class:`Batch` (the
+new rows and their source versions), the typed config its ``config`` built from settings once per
+run, and a :class:`FlowRecord` for its figures. The runner owns the rest:
+
+- ensuring the target, the pending increment and, for flows that split by bucket, the split
+  check and the batch cut to the run's buckets;
+- the quality gate of the target's suite, the append with the app transaction in the same commit;
+- conflict retries and the event-log record (:func:`pipelines.runtime.runner.run_job`);
+- every frame the flow cached (:meth:`FlowRecord.cache`), released on every exit, errors included.
+
+A flow with ``state`` (``mode="state"``, :class:`StateRules`) keeps its own progress and buffered
+rows in a state table, rewritten each run together with the run's output rows (its outbox), which
+are then published to its output table under the same run number. Its transform gets a
+:class:`StateBatch` (the state as the last run left it and the source rows since) and returns the
+next state; the runner reads and writes the state, publishes the outbox (and finishes the
+publishing a stopped run left undone), and keeps the state cached while the transform runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from pipelines.config.layers import bucket_mapping
+from pipelines.runtime import quality
+from pipelines.runtime.eventlog import RunRecord
+from pipelines.runtime.flow_types import Batch, Flow, FlowRecord, RunOptions, StateBatch
+from pipelines.runtime.progress import Increment, after, pending
+from pipelines.runtime.runner import Context, app_id, check_split, run_job, task_name
+from pipelines.storage import AppTxn, TableSpec, TableStore
+
+
+@dataclass
+class Handoff:
+    """The rows a flow just wrote (``Flow.hands_off``), kept in memory for the next flow of the
+    same pass (``medallion run gold``): when they are exactly what that flow has pending, it takes
+    them instead of reading them back. The runner releases them after that flow, whatever happens,
+    and at the end of the pass.
+    """
+
+    table: str | None = None
+    version: int | None = None
+    frame: DataFrame | None = None
+    cached: list[DataFrame] = field(default_factory=list)
+
+    def keep(self, table: TableSpec, version: int, frame: DataFrame, cached: Sequence[DataFrame]) -> None:
+        self.release()
+        self.table, self.version, self.frame, self.cached = table.key, version, frame, list(cached)
+
+    def take(self, store: TableStore, inc: Increment) -> DataFrame | None:
+        """The kept rows if they are all ``inc`` holds: it ends at the version they were written
+        in, and any version before that in it added no rows (the table's creation, say)."""
+        if self.frame is None or inc.source.key != self.table or inc.end != self.version:
+            return None
+        if inc.start < inc.end and store.read_inserted(inc.source, inc.start, inc.end - 1).limit(1).count():
+            return None
+        return self.frame
+
+    def release(self) -> None:
+        for df in reversed(self.cached):  # newest first: see FlowRecord.release
+            df.unpersist()
+        self.table, self.version, self.frame, self.cached = None, None, None, []
+
+
+def configured(ctx: Context, flow: Flow) -> tuple[Callable[..., Any], Any, str | None]:
+    """A transform flow's code, the config it built from settings (once per run) and why it has
+    nothing to do under that config (None: it has work)."""
+    assert flow.transform is not None, f"{flow.name} has no transform"
+    config: Any = flow.config(ctx.settings) if flow.config is not None else None
+    return flow.transform, config, flow.skip(config) if flow.skip is not None else None
+
+
+def gate_rows(
+    ctx: Context, record: RunRecord, table: str, df: DataFrame, txn: AppTxn, params: Mapping[str, Any]
+) -> DataFrame:
+    """The rows of ``df`` that ``table``'s suite lets through (:func:`pipelines.runtime.quality.gate`)."""
+    return quality.gate(ctx, record, table, df, txn, **params)
+
+
+def gated_append(
+    ctx: Context,
+    record: RunRecord,
+    flow: Flow,
+    out: DataFrame,
+    txn: AppTxn,
+    buckets: Sequence[int] | None,
+    params: Mapping[str, Any],
+) -> int:
+    """``out`` appended to ``flow``'s target through its gate, in one pass where the suite allows
+    (:func:`pipelines.runtime.quality.gate_in_write`). The new version."""
+    gated = quality.gate_in_write(ctx, record, flow.targets[0].key, out, txn, **params)
+    return gated.write(lambda rows: write(ctx, flow, rows, txn, buckets))
+
+
+def run_incremental(ctx: Context, flow: Flow, options: RunOptions, handoff: Handoff | None = None) -> RunRecord:
+    """One run of ``flow``: its source's new commits through its transform into its target. ``handoff``:
+    what the flow before it in the pass kept for it, shared by the pass (:class:`Handoff`)."""
+    transform, config, skip = configured(ctx, flow)
+    (source,), target = flow.sources, flow.targets[0]
+    buckets = options.buckets if flow.by_bucket else None
+
+    def body(record: RunRecord) -> None:
+        if skip is not None:
+            record.noop(skip)
+            return
+        ctx.store.ensure(target)
+        if flow.by_bucket:
+            check_split(
+                ctx.store, flow.name, source, target, buckets, bucket_mapping(ctx.settings).count, ctx.checked_splits
+            )
+        inc = pending(ctx.store, source, target, app_id(flow.name, source, buckets))
+        if inc is None:
+            record.noop(f"no new rows in {source.key}")
+            return
+        figures = FlowRecord(record, ctx.say)
+        handed_off = False
+        try:
+            kept = handoff.take(ctx.store, inc) if handoff is not None and flow.reads == "inserts" else None
+            if kept is not None:
+                rows = kept
+            elif flow.reads == "inserts":
+                rows = inc.read(ctx.store)
+            else:
+                rows = ctx.store.read_changes(source, inc.start, inc.end)
+            if kept is None and buckets and "bucket" in source.schema.fieldNames():  # a split run's rows only
+                rows = rows.where(F.col("bucket").isin(*sorted(set(buckets))))
+            batch = Batch(
+                rows, inc.start, inc.end, buckets, ctx.store.read, kept is not None, options.drain, ctx.store.read_since
+            )
+            out = transform(batch, config, figures)
+            if target.key not in flow.gated:
+                version = write(ctx, flow, out, inc.txn, buckets)
+            elif flow.merge is None:  # an append checks its rows as it writes them, where it can
+                version = gated_append(ctx, record, flow, out, inc.txn, buckets, figures.gate_params)
+            else:
+                out = gate_rows(ctx, record, target.key, out, inc.txn, figures.gate_params)
+                version = write(ctx, flow, out, inc.txn, buckets)
+            if flow.figures is not None:
+                flow.figures(out, config, figures)
+            record.add(source_from=inc.start, source_to=inc.end)
+            if handoff is not None and flow.hands_off:
+                handoff.keep(target, version, out, figures.handed_over())
+                handed_off = True
+        finally:
+            figures.release()
+            if handoff is not None and not handed_off:
+                handoff.release()  # what the flow before kept is this flow's to take, or nobody's
+
+    return run_job(ctx, task_name(flow.name, buckets), body)
+
+
+def run_whole(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
+    """One run of a flow that reads all of its source each time (``reads="all"``: gold.counters
+    finds the entities due for a flush among every partial). Its transform returns None when there
+    is nothing to write (having said why, :meth:`FlowRecord.noop`); its commits are numbered runs."""
+    transform, config, skip = configured(ctx, flow)
+    (source,), target = flow.sources, flow.targets[0]
+    app = app_id(flow.name, source)
+
+    def body(record: RunRecord) -> None:
+        if skip is not None:
+            record.noop(skip)
+            return
+        for spec in (source, target):
+            ctx.store.ensure(spec)
+        figures = FlowRecord(record, ctx.say)
+        try:
+            run = (ctx.store.txn_version(target, app) or 0) + 1
+            version = ctx.store.version(source) or 0
+            batch = Batch(ctx.store.read(source), 0, version, None, ctx.store.read, drain=options.drain)
+            out = transform(batch, config, figures)
+            if out is None:
+                return
+            if target.key in flow.gated:
+                out = gate_rows(ctx, record, target.key, out, AppTxn(app, run), figures.gate_params)
+            write(ctx, flow, out, AppTxn(app, run), None)
+            if flow.figures is not None:
+                flow.figures(out, config, figures)
+            record.add(source_to=version)
+        finally:
+            figures.release()
+
+    return run_job(ctx, flow.name, body)
+
+
+def write(ctx: Context, flow: Flow, out: DataFrame, txn: AppTxn, buckets: Sequence[int] | None) -> int:
+    """``out`` into ``flow``'s target with the app transaction ``txn``: appended, or MERGEd (an
+    empty MERGE may not commit, so then the progress is recorded alone). The new version."""
+    target, rules = flow.targets[0], flow.merge
+    if rules is None:
+        return ctx.store.append(target, out, [txn])
+    if out.isEmpty():
+        return ctx.store.append(target, target.arrow_schema.empty_table(), [txn])
+    return ctx.store.merge(
+        target,
+        out,
+        on=rules.on(buckets),
+        update=rules.update,
+        insert=rules.insert,
+        update_when=rules.update_when,
+        txns=[txn],
+    )
+
+
+def publish_outbox(store: TableStore, state: TableSpec, out: TableSpec, app: str, kind: str, columns: list[str]) -> int:
+    """Append the outbox rows (``kind``) a state commit holds, unless ``out`` already has them.
+
+    A state flow replaces its state table and its outbox in one commit, then publishes the
+    outbox under the same run number: a crash between the two is finished by the next run.
+    """
+    state_seq = store.txn_version(state, app)
+    out_seq = store.txn_version(out, app)
+    if state_seq is None or (out_seq is not None and out_seq >= state_seq):
+        return 0
+    rows = store.read(state, where=f"kind = '{kind}'").select(*columns).persist()
+    try:
+        store.append(out, rows, [AppTxn(app, state_seq)])
+        return rows.count()
+    finally:
+        rows.unpersist()
+
+
+def run_stateful(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
+    """One run of a flow with state: its source's new rows and its state -> the next state and
+    the outbox published (see the module's docstring)."""
+    transform, config, skip = configured(ctx, flow)
+    rules = flow.state
+    assert rules is not None, f"{flow.name} is not a state flow"
+    (source,), (out, state_table) = flow.sources, flow.targets
+    app = app_id(flow.name, source)
+
+    def publish() -> int:
+        return publish_outbox(ctx.store, state_table, out, app, rules.outbox_kind, rules.outbox_columns)
+
+    def body(record: RunRecord) -> None:
+        if skip is not None:
+            record.noop(skip)
+            return
+        for spec in (out, state_table, source):
+            ctx.store.ensure(spec)
+        recovered = publish()
+        if recovered:
+            record.add(recovered_outbox_rows=recovered)
+            ctx.say(f"{out.key}: published {recovered:,} rows a stopped run had left in its outbox")
+        run = (ctx.store.txn_version(state_table, app) or 0) + 1
+        txn = AppTxn(app, run)
+
+        figures = FlowRecord(record, ctx.say, lambda table, df: gate_rows(ctx, record, table, df, txn, {}))
+        try:
+            state = figures.cache(ctx.store.read(state_table, where=rules.where))
+            done = rules.done(state)
+            inc = after(ctx.store, source, done, app)
+            if inc is None and not (options.drain and rules.buffered(state).limit(1).count()):
+                record.noop(f"no new rows in {source.key}" + (" and nothing buffered" if options.drain else ""))
+                return
+            rows = inc.read(ctx.store) if inc else None
+            step = transform(StateBatch(state, rows, inc.end if inc else done, run, options.drain), config, figures)
+            ctx.store.overwrite(state_table, step.state, [txn])
+            if inc is not None:
+                record.add(source_from=inc.start, source_to=inc.end)
+        finally:
+            figures.release()
+        published = publish()
+        if step.published is not None:
+            step.published(published)
+
+    return run_job(ctx, flow.name, body)

@@ -1,0 +1,111 @@
+"""Running flows: one flow, as its kind of runner runs it, and passes of several.
+
+:func:`execute` hands a flow to its runner by how it writes: an export to
+:mod:`pipelines.runtime.exports`, a state flow, a whole-source flow and an incremental one to
+:mod:`pipelines.runtime.incremental`. :func:`run_pass` runs flows one after another as ``medallion
+run`` does, sharing what the pass keeps between them. The functions below it run one flow once, for
+tests, the bench and notebooks: ``silver_events(ctx)`` is ``run_flow(ctx, "silver.events")``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Sequence
+
+from pipelines.errors import InputError
+from pipelines.flows import flow
+from pipelines.runtime.eventlog import RunRecord
+from pipelines.runtime.exports import run_export
+from pipelines.runtime.flow_types import Flow, RunOptions
+from pipelines.runtime.incremental import Handoff, run_incremental, run_stateful, run_whole
+from pipelines.runtime.runner import Context
+
+#: How a pass runs one of its flows (:func:`execute`; a test gives a runner of its own).
+Execute = Callable[[Context, Flow, RunOptions, Handoff], RunRecord]
+
+
+def execute(ctx: Context, f: Flow, options: RunOptions, handoff: Handoff | None = None) -> RunRecord:
+    """One run of ``f`` by its runner; ``handoff``: what the pass keeps between its flows."""
+    if f.mode == "export":
+        return run_export(ctx, f, options)
+    if f.transform is None:
+        raise InputError(f"{f.name} is started by medallion ingest or serve, not run")
+    if f.state is not None:
+        return run_stateful(ctx, f, options)
+    if f.reads == "all":
+        return run_whole(ctx, f, options)
+    return run_incremental(ctx, f, options, handoff)
+
+
+def run_pass(
+    ctx: Context,
+    flows: Sequence[Flow],
+    buckets: Sequence[int] | None = None,
+    drain: bool = False,
+    run: Execute = execute,
+) -> Generator[RunRecord, None, None]:
+    """One pass: each flow once, in order, yielding its record as it ends. The flows of one pass
+    share a handoff (gold's stage 2 takes stage 1's partials from it), released when the pass ends
+    or is left (an exception, a stop), and their event-log rows, written then in one commit."""
+    handoff = Handoff()
+    options = RunOptions(buckets=buckets, drain=drain)
+    try:
+        with ctx.events.batched():
+            for f in flows:
+                yield run(ctx, f, options, handoff)
+    finally:
+        handoff.release()
+
+
+def run_flow(ctx: Context, name: str, buckets: Sequence[int] | None = None, drain: bool = False) -> RunRecord:
+    """One run of the flow ``name``, as ``medallion run`` runs it."""
+    return execute(ctx, flow(name), RunOptions(buckets=buckets, drain=drain))
+
+
+def silver_events(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
+    return run_flow(ctx, "silver.events", buckets)
+
+
+def silver_page_changes(ctx: Context, drain: bool = False) -> RunRecord:
+    return run_flow(ctx, "silver.page_changes", drain=drain)
+
+
+def gold_partials(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
+    return run_flow(ctx, "gold.partials", buckets)
+
+
+def gold_merge(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
+    return run_flow(ctx, "gold.merge", buckets)
+
+
+def gold_property_values(ctx: Context, buckets: Sequence[int] | None = None) -> tuple[RunRecord, RunRecord]:
+    """Stage 1 then stage 2 in one pass, stage 2 merging stage 1's partials from memory."""
+    first, second = run_pass(ctx, [flow("gold.partials"), flow("gold.merge")], buckets)
+    return first, second
+
+
+def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:
+    return run_flow(ctx, "export.clickhouse", drain=drain)
+
+
+def silver_metric_panes(ctx: Context, drain: bool = False) -> RunRecord:
+    return run_flow(ctx, "silver.metric_panes", drain=drain)
+
+
+def gold_metric_windows(ctx: Context) -> RunRecord:
+    return run_flow(ctx, "gold.metric_windows")
+
+
+def gold_counter_partials(ctx: Context) -> RunRecord:
+    return run_flow(ctx, "gold.counter_partials")
+
+
+def gold_counters(ctx: Context, drain: bool = False) -> RunRecord:
+    return run_flow(ctx, "gold.counters", drain=drain)
+
+
+def counter_milestones(ctx: Context) -> RunRecord:
+    return run_flow(ctx, "gold.counter_milestones")
+
+
+def export_counters(ctx: Context) -> RunRecord:
+    return run_flow(ctx, "export.counters")

@@ -1,0 +1,65 @@
+"""A flow's progress on its tables: the source versions it has not processed, and appends that
+happen once. Progress is a Delta app transaction (``app id -> last source version``) committed with
+the flow's output, so a crash before that commit redoes the work and a crash after it skips it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+
+from pipelines.storage import AppTxn, TableSpec, TableStore
+
+
+@dataclass(frozen=True)
+class Increment:
+    """Source versions ``start..end`` (inclusive) that ``app_id`` has not processed yet."""
+
+    source: TableSpec
+    start: int
+    end: int
+    app_id: str
+
+    @property
+    def txn(self) -> AppTxn:
+        return AppTxn(self.app_id, self.end)
+
+    def read(self, store: TableStore) -> DataFrame:
+        """The rows added to the source in this increment."""
+        return store.read_inserted(self.source, self.start, self.end)
+
+
+def pending(store: TableStore, source: TableSpec, target: TableSpec, app: str) -> Increment | None:
+    """The source versions not yet recorded by ``app`` on ``target``, or None when up to date."""
+    return after(store, source, store.txn_version(target, app), app)
+
+
+def after(store: TableStore, source: TableSpec, done: int | None, app: str) -> Increment | None:
+    """The source versions after ``done`` (None: from the first), or None when there are none.
+
+    For jobs that keep the source version they finished in their own state rather than in an
+    app transaction on their target.
+    """
+    latest = store.version(source)
+    if latest is None:
+        return None
+    start = 0 if done is None else done + 1
+    if start > latest:
+        return None
+    return Increment(source, start, latest, app)
+
+
+def append_once(store: TableStore, spec: TableSpec, data: pa.Table | DataFrame, txn: AppTxn | Sequence[AppTxn]) -> bool:
+    """Append unless ``spec`` already records ``txn`` (a redo after a crash). True when written.
+
+    Several transactions are committed together, so the first one tells for all of them.
+    """
+    txns = [txn] if isinstance(txn, AppTxn) else list(txn)
+    done = store.txn_version(spec, txns[0].app_id)
+    if done is not None and done >= txns[0].version:
+        return False
+    store.append(spec, data, txns)
+    return True
