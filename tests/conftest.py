@@ -14,12 +14,19 @@ from pipelines.config.settings import Settings, load_settings
 from pipelines.config.spark import build_spark, has_delta_classes
 from pipelines.storage import TableStore, open_store
 
-# Real servers for integration tests: kafka_broker, node_exporter, prometheus_factory, vmagent_factory,
-# spark_cluster; and the small demo lake that several modules read (demo_lake).
-pytest_plugins = ["tests.infra", "tests.demo_lake"]
-# Imported here too (for require_or_skip), so register it for assert rewriting before that import.
+# Real servers for integration tests: kafka_broker (tests/infra/broker.py); node_exporter,
+# prometheus_factory and vmagent_factory (tests/infra/metrics_servers.py); spark_cluster
+# (tests/infra/spark_cluster.py); and the small demo lake that several modules read (demo_lake).
+pytest_plugins = [
+    "tests.infra.broker",
+    "tests.infra.metrics_servers",
+    "tests.infra.spark_cluster",
+    "tests.demo_lake",
+]
+# tests.infra's modules are imported here too (for require_or_skip) and by test modules, so register
+# the package (every module under it) for assert rewriting before that import.
 pytest.register_assert_rewrite("tests.infra")
-from tests.infra import require_or_skip  # noqa: E402
+from tests.infra.common import require_or_skip  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

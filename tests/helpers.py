@@ -26,7 +26,8 @@ from pipelines.config.settings import RemoteWriteSettings, env_name
 from pipelines.demo.data import PAGE_CHANGE_FILES
 from pipelines.runtime.tables import BRONZE_QUARANTINE, BRONZE_SAMPLES
 from pipelines.sources.files import file_digests, landing_rows
-from pipelines.sources.remote_write_server import Receiver, serve
+from pipelines.sources.remote_write_receiver import Receiver
+from pipelines.sources.remote_write_server import serve
 from pipelines.storage.conform import conform_df
 from pipelines.storage.deltars import DeltaRsStore
 

@@ -18,8 +18,8 @@ import yaml
 from pipelines.app.metric_queries import dropped_late, query
 from pipelines.runtime.runner import Context
 from pipelines.runtime.tables import BRONZE_SAMPLES, GOLD_METRIC_WINDOWS, SILVER_METRIC_PANES
-from pipelines.sources.remote_write import Series, from_series
 from pipelines.sources.remote_write_rows import samples_table
+from pipelines.sources.remote_write_series import Series, from_series
 from pipelines.storage import AppTxn
 from silver.config import AggregationSettings
 

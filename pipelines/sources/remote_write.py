@@ -3,7 +3,8 @@
 A remote-write request is a protobuf ``prometheus.WriteRequest`` (Prometheus Remote-Write 1.0,
 see ``remote_write.proto``), compressed with snappy's *block* format by Prometheus or with zstd by
 VictoriaMetrics' vmagent. This module turns such a body into Arrow columns (:data:`SERIES_SCHEMA`,
-what the receiver lands) and :class:`Series` values into a body (what a sender sends).
+what the receiver lands); :mod:`pipelines.sources.remote_write_series` holds the other direction
+(Series values into a body, what a sender sends) and a label set's stable id.
 
 It is deliberately pure (no I/O; its one global is the parser, built once) and bounded, so the HTTP server can map every
 outcome to a response without ever answering 5xx on bad input:
@@ -17,10 +18,8 @@ outcome to a response without ever answering 5xx on bad input:
 
 from __future__ import annotations
 
-import hashlib
 import mmap
 import threading
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,19 +39,14 @@ __all__ = [
     "Limits",
     "OutOfRange",
     "RemoteWriteError",
-    "Series",
     "UndecodableBody",
     "UnsupportedEncoding",
     "check_shape",
     "check_values",
     "decode",
     "decompress",
-    "encode",
-    "from_series",
     "parse_write_request",
-    "series_id",
-    "series_ids",
-    "to_series",
+    "relist",
 ]
 
 SNAPPY = "snappy"
@@ -122,21 +116,6 @@ SERIES_SCHEMA = pa.schema(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Series:
-    """One time series of a request.
-
-    Decoded, ``labels`` are sorted by name; labels sharing a name (invalid, but not ours to drop)
-    keep the order they were received in. ``timestamps_ms[i]`` and ``values[i]`` form one sample,
-    in the order received. Encoding keeps NaN payload bits with protobuf's upb (default) and cpp
-    backends; the pure-Python backend turns every NaN into the canonical one.
-    """
-
-    labels: tuple[tuple[str, str], ...]
-    timestamps_ms: list[int]
-    values: list[float]
-
-
 def decompress(body: bytes, encoding: str | None, max_decoded_bytes: int) -> bytes:
     """Undo the ``Content-Encoding`` of a remote-write body, refusing to grow past ``max_decoded_bytes``.
 
@@ -182,7 +161,7 @@ def parse_write_request(raw: bytes) -> pa.Table:
         flat_labels = flat_labels.take(order)
     values, timestamps = samples.flatten().flatten()
     return pa.table(
-        [_relist(labels, flat_labels), _relist(samples, timestamps), _relist(samples, values)],
+        [relist(labels, flat_labels), relist(samples, timestamps), relist(samples, values)],
         schema=SERIES_SCHEMA,
     )
 
@@ -278,28 +257,7 @@ def _iso(ms: int) -> str:
     return f"{np.datetime64(seconds, 's')}.{millis:03d}Z"
 
 
-def to_series(table: pa.Table) -> list[Series]:
-    """The rows of a decoded request as :class:`Series` values (for tests and small requests)."""
-    return [
-        Series(tuple((label["name"], label["value"]) for label in labels), timestamps, values)
-        for labels, timestamps, values in zip(*(table.column(c).to_pylist() for c in SERIES_SCHEMA.names), strict=True)
-    ]
-
-
-def from_series(series: Iterable[Series]) -> pa.Table:
-    """:class:`Series` values as the decoded columns, labels in the order held (demo data, tests)."""
-    rows = list(series)
-    return pa.table(
-        {
-            "labels": [[{"name": n, "value": v} for n, v in s.labels] for s in rows],
-            "timestamps_ms": [s.timestamps_ms for s in rows],
-            "values": [s.values for s in rows],
-        },
-        schema=SERIES_SCHEMA,
-    )
-
-
-def _relist(lists: pa.ListArray, flat: pa.Array) -> pa.ListArray:
+def relist(lists: pa.ListArray, flat: pa.Array) -> pa.ListArray:
     """``flat`` (as many items as ``lists`` holds, in order) cut into the lists ``lists`` has."""
     if lists.null_count == 0:  # protobuf's repeated fields, always: its offsets, rebased to 0
         offsets = lists.offsets
@@ -354,70 +312,6 @@ def _shape_handler() -> Any:
             files = [pool.FindFileByName(proto.name)]
             _shape = HandlerPool(files).get_for_message(pool.FindMessageTypeByName("medallion.shape.Request"))
         return _shape
-
-
-def encode(series: Iterable[Series], encoding: str = SNAPPY) -> bytes:
-    """Build the compressed body a remote-write client would send for ``series``.
-
-    Labels are written in the order they are held; a :class:`Series` from :func:`decode` already
-    has them sorted as the spec asks of senders.
-    """
-    normalized = encoding.strip().lower()
-    if normalized not in (SNAPPY, ZSTD):
-        raise UnsupportedEncoding(f"cannot encode with {encoding!r}; expected snappy or zstd")
-    request = pb.WriteRequest()
-    # add() builds in place; constructing messages from keyword arguments copies each one into
-    # its parent again and is about 2.5x slower.
-    add_series = request.timeseries.add
-    for s in series:
-        message = add_series()
-        add_label = message.labels.add
-        for label_name, label_value in s.labels:
-            add_label(name=label_name, value=label_value)
-        add_sample = message.samples.add
-        for timestamp, value in zip(s.timestamps_ms, s.values, strict=True):
-            add_sample(value=value, timestamp=timestamp)
-    raw = request.SerializeToString()
-    if normalized == SNAPPY:
-        return bytes(cramjam.snappy.compress_raw(raw))
-    # Level 3 is zstd's own default; cramjam's default of 11 costs several times the CPU for a
-    # few percent on this kind of payload.
-    return bytes(cramjam.zstd.compress(raw, level=3))
-
-
-def series_id(labels: Sequence[tuple[str, str]]) -> int:
-    """Stable signed 64-bit id of one label set; see :func:`series_ids`."""
-    table = from_series([Series(tuple(labels), [], [])])
-    return int(series_ids(table.column("labels").combine_chunks())[0].as_py())
-
-
-def series_ids(labels: pa.ListArray) -> pa.Int64Array:
-    """Stable signed 64-bit id of each label set, e.g. for partitioning and joins in the lakehouse.
-
-    The id is the BLAKE2b-64 digest of ``name 0xFF value 0xFE`` for each label (UTF-8), taken in
-    ``(name, value)`` order, read as a signed big-endian int64 (Spark's ``LongType``). It is
-    independent of the order the labels are given in and depends only on the label strings, never
-    on the process (unlike ``hash()``, which is salted per process), the platform or this
-    library's version; the tests pin known values so a change to it cannot go unnoticed. 0xFF and
-    0xFE never occur in UTF-8, so distinct label sets cannot collide by re-splitting the same
-    bytes. Sorting by value as well as name keeps the id order-independent even for the invalid
-    case of a repeated label name.
-
-    The keys are built in Arrow; the digest is taken in Python once per distinct label set, so a
-    batch of many requests from the same targets (the usual case: every scrape sends the same
-    series again) hashes each series once.
-    """
-    names, values = (a.cast(pa.binary()) for a in labels.flatten().flatten())
-    order = pc.sort_indices(
-        pa.table({"set": pc.list_parent_indices(labels), "name": names, "value": values}),
-        sort_keys=[("set", "ascending"), ("name", "ascending"), ("value", "ascending")],
-    )
-    pairs = pc.binary_join_element_wise(names.take(order), values.take(order), b"\xff")
-    pieces = pc.binary_join_element_wise(pairs, pa.nulls(len(pairs), pa.binary()).fill_null(b""), b"\xfe")
-    keys = pc.binary_join(_relist(labels, pieces), b"").dictionary_encode()
-    digests = b"".join(hashlib.blake2b(key, digest_size=8).digest() for key in keys.dictionary.to_pylist())
-    distinct = np.frombuffer(digests, dtype=">i8").astype(np.int64)
-    return pa.array(distinct[keys.indices.to_numpy(zero_copy_only=False)], pa.int64())
 
 
 # The snappy block format starts with the decoded length as a little-endian base-128 varint;

@@ -33,7 +33,8 @@ from pipelines.errors import MedallionError
 from pipelines.observability import multiprocess_dir
 from pipelines.runtime.stopping import stop_on
 from pipelines.runtime.tables import BRONZE_QUARANTINE, BRONZE_SAMPLES
-from pipelines.sources.remote_write_server import Receiver, address_family, serve
+from pipelines.sources.remote_write_receiver import Receiver
+from pipelines.sources.remote_write_server import address_family, serve
 from pipelines.storage import TableStore, open_store
 
 log = logging.getLogger("medallion.remote_write")

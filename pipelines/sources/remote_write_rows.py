@@ -12,6 +12,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from bronze.samples import BRONZE_SAMPLES_SCHEMA
 from pipelines.sources import remote_write as codec
+from pipelines.sources.remote_write_series import series_ids
 from pipelines.storage.conform import conform
 
 SAMPLES_ARROW = to_arrow_schema(BRONZE_SAMPLES_SCHEMA, timezone="UTC")
@@ -64,7 +65,7 @@ def samples_of(series: pa.Table) -> pa.Table:
         {
             "metric_name": values.take(pa.array(position, mask=position < 0)),
             "labels": pa.MapArray.from_arrays(pc.subtract(labels.offsets, labels.offsets[0]), names, values),
-            "series_id": codec.series_ids(labels),
+            "series_id": series_ids(labels),
             "ingest_time": series.column("ingest_time").combine_chunks(),
             "source": series.column("source").combine_chunks(),
             "batch_id": series.column("batch_id").combine_chunks(),

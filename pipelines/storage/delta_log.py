@@ -1,6 +1,7 @@
 """What the delta-spark engine reads from a table's Delta log itself: the newest version and the
-app transactions through Delta's JVM classes (a classic session with open-source Delta), and the
-newest checkpoint among ``_delta_log`` file names."""
+app transactions through Delta's JVM classes (a classic session with open-source Delta); and, where
+those are not at hand, the app transactions from the log's files with Spark (the newest checkpoint
+among ``_delta_log`` file names, then the commits after it)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,12 @@ from typing import Any
 
 from py4j.java_gateway import JavaClass
 from py4j.protocol import Py4JError
+from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.utils import is_remote
+
+_TXN_SCHEMA = "txn struct<appId: string, version: long>"
 
 
 class JvmDeltaLog:
@@ -71,3 +76,65 @@ def newest_checkpoint(names: Sequence[str], version: int) -> int | None:
             complete.add(int(single.group(1)))
     complete |= {v for (v, of), seen in parts.items() if seen == set(range(1, of + 1))}
     return max((v for v in complete if v <= version), default=None)
+
+
+def read_txns(
+    spark: SparkSession, location: str, version: int, app_ids: Sequence[str], since: int | None = None
+) -> dict[str, int | None]:
+    """The app ids' versions as of version ``version`` of the table at ``location``, from its Delta
+    log (the protocol's ``txn`` actions): the latest checkpoint at or before it, then each commit
+    after it; or, ``since`` a version, the commits after that one alone (None: not set in them)."""
+    log = f"{location}/_delta_log"
+    checkpoint = since if since is not None else checkpoint_version(spark, log, version)
+    sources = []
+    if checkpoint is not None and since is None:
+        sources.append(
+            spark.read.schema(_TXN_SCHEMA)
+            .parquet(f"{log}/{checkpoint:020d}.checkpoint*.parquet")
+            .select("txn", F.lit(checkpoint).alias("v"))
+        )
+    start = 0 if checkpoint is None else checkpoint + 1
+    if start <= version:
+        commits = [f"{log}/{v:020d}.json" for v in range(start, version + 1)]
+        sources.append(
+            spark.read.schema(_TXN_SCHEMA)
+            .json(commits)
+            .select("txn", F.regexp_extract(F.col("_metadata.file_name"), r"^(\d+)\.json$", 1).cast("long").alias("v"))
+        )
+    found: dict[str, int | None] = dict.fromkeys(app_ids)
+    if not sources:
+        return found
+    txns = sources[0]
+    for more in sources[1:]:
+        txns = txns.unionByName(more)
+    # The asked app ids' txn actions, at most one per commit read (about 100 at most, as
+    # checkpoints come every 100 commits): bookkeeping, not row data. The newest one wins.
+    newest: dict[str, tuple[int, int]] = {}
+    for row in txns.where(F.col("txn.appId").isin(list(app_ids))).select("txn.appId", "txn.version", "v").collect():
+        if row["appId"] not in newest or row["v"] > newest[row["appId"]][0]:
+            newest[row["appId"]] = (int(row["v"]), int(row["version"]))
+    found.update({app: v for app, (_, v) in newest.items()})
+    return found
+
+
+def checkpoint_version(spark: SparkSession, log: str, version: int) -> int | None:
+    """The newest complete checkpoint at or before ``version``, from the log's file names.
+
+    ``_last_checkpoint`` would name it, but Spark's file sources skip files whose names start
+    with ``_``, so the checkpoint files are listed instead (``binaryFile`` lists them without
+    reading them): one file for a classic or V2 checkpoint, all ``n`` parts of a multi-part
+    one (a crash can leave some parts of a newer one written; Delta then reads the older).
+    """
+    try:
+        names = (
+            spark.read.format("binaryFile")
+            .load(f"{log}/*.checkpoint*.parquet")
+            .select(F.regexp_extract("path", r"[^/]+$", 0).alias("name"))
+        )
+        # One row per checkpoint file: a listing, not row data.
+        listed = [r["name"] for r in names.collect()]
+    except AnalysisException as exc:
+        if "PATH_NOT_FOUND" in str(exc) or "does not exist" in str(exc):
+            return None
+        raise
+    return newest_checkpoint(listed, version)

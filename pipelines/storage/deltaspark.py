@@ -17,7 +17,7 @@ open-source Delta, :meth:`txn_versions` asks the JVM's snapshot of the table, wh
 builds once and reuses for the next write's own check of its app id (each such write builds it
 anyway: a lookup before it then costs no Spark job of its own). Elsewhere, or for an older
 version, it reads them where the protocol keeps them: the latest checkpoint and the commits after
-it, two small Spark reads of the table's ``_delta_log``.
+it, two small Spark reads of the table's ``_delta_log`` (:func:`pipelines.storage.delta_log.read_txns`).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from pipelines.storage.base import (
     predicate_sql,
 )
 from pipelines.storage.conform import conform_df
-from pipelines.storage.delta_log import jvm_delta_log, newest_checkpoint
+from pipelines.storage.delta_log import jvm_delta_log, read_txns
 from pipelines.storage.spark_sql import column_ddl, quote, sql_string
 
 TXN_APP_CONF = "spark.databricks.delta.write.txnAppId"
@@ -73,7 +73,6 @@ CONFLICTS = (
     "DELTA_METADATA_CHANGED",
     "DELTA_PROTOCOL_CHANGED",
 )
-_TXN_SCHEMA = "txn struct<appId: string, version: long>"
 #: Read app transactions from the commits since a version already read, up to this many commits.
 MAX_INCREMENTAL_COMMITS = 100
 #: How long ensure() waits for a table another task is creating to show its first version.
@@ -387,78 +386,16 @@ class DeltaSparkStore(TableStore):
             newer = None
             if base is not None and version - base <= MAX_INCREMENTAL_COMMITS:
                 with contextlib.suppress(AnalysisException):  # a commit file cleaned up since: read it all
-                    newer = self._read_txns(spec, version, missing, since=base)
+                    newer = read_txns(self.spark, location, version, missing, since=base)
             if newer is not None and base is not None:
                 cached.update(
                     {a: newer[a] if newer[a] is not None else self._txn_cache[(location, base)][a] for a in missing}
                 )
             else:
-                cached.update(self._read_txns(spec, version, missing))
+                cached.update(read_txns(self.spark, location, version, missing))
         while len(self._txn_cache) > 256:
             self._txn_cache.pop(next(iter(self._txn_cache)))
         return {a: cached[a] for a in app_ids}
-
-    def _read_txns(
-        self, spec: TableSpec, version: int, app_ids: Sequence[str], since: int | None = None
-    ) -> dict[str, int | None]:
-        """The app ids' versions as of table ``version``, from the Delta log (the protocol's
-        ``txn`` actions): the latest checkpoint at or before it, then each commit after it; or,
-        ``since`` a version, the commits after that one alone (None: not set in them)."""
-        log = f"{self.location(spec)}/_delta_log"
-        checkpoint = since if since is not None else self._checkpoint_version(log, version)
-        sources = []
-        if checkpoint is not None and since is None:
-            sources.append(
-                self.spark.read.schema(_TXN_SCHEMA)
-                .parquet(f"{log}/{checkpoint:020d}.checkpoint*.parquet")
-                .select("txn", F.lit(checkpoint).alias("v"))
-            )
-        start = 0 if checkpoint is None else checkpoint + 1
-        if start <= version:
-            commits = [f"{log}/{v:020d}.json" for v in range(start, version + 1)]
-            sources.append(
-                self.spark.read.schema(_TXN_SCHEMA)
-                .json(commits)
-                .select(
-                    "txn", F.regexp_extract(F.col("_metadata.file_name"), r"^(\d+)\.json$", 1).cast("long").alias("v")
-                )
-            )
-        found: dict[str, int | None] = dict.fromkeys(app_ids)
-        if not sources:
-            return found
-        txns = sources[0]
-        for more in sources[1:]:
-            txns = txns.unionByName(more)
-        # The asked app ids' txn actions, at most one per commit read (about 100 at most, as
-        # checkpoints come every 100 commits): bookkeeping, not row data. The newest one wins.
-        newest: dict[str, tuple[int, int]] = {}
-        for row in txns.where(F.col("txn.appId").isin(list(app_ids))).select("txn.appId", "txn.version", "v").collect():
-            if row["appId"] not in newest or row["v"] > newest[row["appId"]][0]:
-                newest[row["appId"]] = (int(row["v"]), int(row["version"]))
-        found.update({app: v for app, (_, v) in newest.items()})
-        return found
-
-    def _checkpoint_version(self, log: str, version: int) -> int | None:
-        """The newest complete checkpoint at or before ``version``, from the log's file names.
-
-        ``_last_checkpoint`` would name it, but Spark's file sources skip files whose names start
-        with ``_``, so the checkpoint files are listed instead (``binaryFile`` lists them without
-        reading them): one file for a classic or V2 checkpoint, all ``n`` parts of a multi-part
-        one (a crash can leave some parts of a newer one written; Delta then reads the older).
-        """
-        try:
-            names = (
-                self.spark.read.format("binaryFile")
-                .load(f"{log}/*.checkpoint*.parquet")
-                .select(F.regexp_extract("path", r"[^/]+$", 0).alias("name"))
-            )
-            # One row per checkpoint file: a listing, not row data.
-            listed = [r["name"] for r in names.collect()]
-        except AnalysisException as exc:
-            if "PATH_NOT_FOUND" in str(exc) or "does not exist" in str(exc):
-                return None
-            raise
-        return newest_checkpoint(listed, version)
 
     def stats(self, spec: TableSpec) -> TableStats:
         last = self._last_commit(spec)

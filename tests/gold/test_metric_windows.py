@@ -19,8 +19,8 @@ from pipelines.config.settings import load_settings
 from pipelines.runtime import passes
 from pipelines.runtime.runner import Context
 from pipelines.runtime.tables import BRONZE_SAMPLES, GOLD_METRIC_WINDOWS
-from pipelines.sources.remote_write import Series, from_series
 from pipelines.sources.remote_write_rows import samples_table
+from pipelines.sources.remote_write_series import Series, from_series
 from pipelines.storage import open_store
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)

@@ -20,7 +20,8 @@ import pytest
 
 from pipelines.dev.bench.workloads import SIZES
 from tests.demo_lake import DEMO_GROUP
-from tests.infra import ensure_apt_packages, require_or_skip
+from tests.infra.apt import ensure_apt_packages
+from tests.infra.common import require_or_skip
 
 # The bench holds several GB (its peers, Kafka, a Spark session of its own): it runs in the
 # worker that runs the other memory-heavy tests, one after another (tests/demo_lake.py).

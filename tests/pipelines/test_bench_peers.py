@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from pipelines.dev.bench.peers import PEERS, PROMETHEUS, VICTORIA_METRICS, Peer, PeerKind
-from pipelines.sources import remote_write as codec
+from pipelines.sources import remote_write_series as codec
 from tests.helpers import PROM_HEADERS
-from tests.infra import ensure_apt_packages, require_or_skip
+from tests.infra.apt import ensure_apt_packages
+from tests.infra.common import require_or_skip
 
 pytestmark = pytest.mark.integration
 

@@ -17,12 +17,13 @@ from pyspark.sql import SparkSession
 
 from pipelines.config.settings import load_settings
 from pipelines.demo.data import PAGE_CHANGE_FILES
+from pipelines.dev.services import KafkaBroker
 from pipelines.runtime import ingest, passes
 from pipelines.runtime.eventlog import PIPELINE_EVENTS
 from pipelines.runtime.runner import Context
 from pipelines.runtime.tables import SILVER_EVENTS, SILVER_PAGE_CHANGES
 from pipelines.storage import TableSpec, TableStore, open_store
-from tests.infra import KafkaBroker, unique_name
+from tests.infra.common import unique_name
 from tests.pipelines.test_export import clickhouse_state, event, gold_state, write
 from tests.pipelines.test_kafka_ingest import settings_env
 

@@ -6,16 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.dev.bench.freshness import (
-    Arrivals,
-    Produced,
-    clickhouse_check,
-    lags,
-    markdown,
-    run_rate,
-    summarize,
-    weighted_quantile,
-)
+from pipelines.dev.bench.freshness import run_rate
+from pipelines.dev.bench.freshness_lags import Arrivals, Produced, clickhouse_check, lags, summarize, weighted_quantile
+from pipelines.dev.bench.freshness_report import markdown
 from pipelines.dev.services import tansu_binary
 
 # Windows of 10 s: [100, 110) and [110, 120).

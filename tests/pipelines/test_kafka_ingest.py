@@ -20,14 +20,14 @@ from pyspark.sql import SparkSession
 from pipelines.config.settings import load_settings
 from pipelines.demo import synthetic
 from pipelines.demo.data import PAGE_CHANGE_FILES
-from pipelines.dev.services import free_port
+from pipelines.dev.services import KafkaBroker, free_port
 from pipelines.runtime import ingest
 from pipelines.runtime.runner import Context
 from pipelines.runtime.tables import BRONZE_QUARANTINE
 from pipelines.sources.kafka import app_id
 from pipelines.storage import open_store
 from tests.helpers import delta_rs_only  # noqa: F401  (the engine fixture: delta-rs here)
-from tests.infra import KafkaBroker, unique_name
+from tests.infra.common import unique_name
 
 pytestmark = pytest.mark.integration
 

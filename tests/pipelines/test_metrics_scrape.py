@@ -14,9 +14,9 @@ import pytest
 from deltalake import DeltaTable
 
 from pipelines.dev.services import free_port
-from pipelines.sources import remote_write as codec
+from pipelines.sources import remote_write_series as codec
 from tests.helpers import ReceiverCommand
-from tests.infra import Prometheus
+from tests.infra.metrics_servers import Prometheus
 
 pytestmark = pytest.mark.integration
 

@@ -20,18 +20,13 @@ from pipelines.sources.remote_write import (
     ZSTD,
     BodyTooLarge,
     RemoteWriteError,
-    Series,
     UndecodableBody,
     UnsupportedEncoding,
     decode,
     decompress,
-    encode,
-    from_series,
     parse_write_request,
-    series_id,
-    series_ids,
-    to_series,
 )
+from pipelines.sources.remote_write_series import Series, encode, from_series, series_id, series_ids, to_series
 
 MB = 1 << 20
 FUZZ = settings(max_examples=300, deadline=None)

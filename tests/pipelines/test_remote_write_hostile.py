@@ -21,9 +21,9 @@ import cramjam
 import pyarrow.compute as pc
 import pytest
 
-from pipelines.sources import remote_write as codec
+from pipelines.sources import remote_write_series as codec
 from tests.helpers import PROM_HEADERS, ReceiverCommand, RunningReceiver, start_receiver
-from tests.infra import NodeExporter, Prometheus
+from tests.infra.metrics_servers import NodeExporter, Prometheus
 
 ZSTD_HEADERS = {"Content-Encoding": "zstd", "X-VictoriaMetrics-Remote-Write-Version": "1"}
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from pipelines.sources import remote_write as codec
+from pipelines.sources import remote_write_series as codec
 from tests.helpers import ReceiverCommand as Command
 
 SAMPLES_PER_BODY = 6

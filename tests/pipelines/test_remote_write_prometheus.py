@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 import pytest
 
 from tests.helpers import RunningReceiver, start_receiver
-from tests.infra import NodeExporter, Prometheus, VmAgent
+from tests.infra.metrics_servers import NodeExporter, Prometheus, VmAgent
 
 pytestmark = pytest.mark.integration
 

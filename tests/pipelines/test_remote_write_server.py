@@ -16,14 +16,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipelines.sources import remote_write as codec
+from pipelines.sources.remote_write_receiver import LEGACY_SAMPLES
 from pipelines.sources.remote_write_rows import request_series, samples_of, samples_table
-from pipelines.sources.remote_write_server import LEGACY_SAMPLES
+from pipelines.sources.remote_write_series import Series, encode, from_series, series_id
 from pipelines.sources.wal import WriteAheadLog
 from tests.helpers import PROM_HEADERS, RunningReceiver, start_receiver
 
 SERIES = [
-    codec.Series((("__name__", "up"), ("instance", "a:9100"), ("job", "node")), [1_700_000_000_000], [1.0]),
-    codec.Series(
+    Series((("__name__", "up"), ("instance", "a:9100"), ("job", "node")), [1_700_000_000_000], [1.0]),
+    Series(
         (("__name__", "node_load1"), ("instance", "a:9100"), ("job", "node")),
         [1_700_000_000_000, 1_700_000_001_000],
         [0.5, 0.75],
@@ -41,7 +42,7 @@ def server(tmp_path: Path) -> Iterator[RunningReceiver]:
 
 
 def test_prometheus_write_is_acknowledged_and_lands_every_sample(server: RunningReceiver) -> None:
-    status, _, _ = server.post(codec.encode(SERIES), PROM_HEADERS)
+    status, _, _ = server.post(encode(SERIES), PROM_HEADERS)
     assert status == 204
     table = server.samples()
     rows = sorted(
@@ -51,17 +52,17 @@ def test_prometheus_write_is_acknowledged_and_lands_every_sample(server: Running
     labels = dict(table.filter(pc.equal(table["metric_name"], "up"))["labels"].to_pylist()[0])
     assert labels == {"__name__": "up", "instance": "a:9100", "job": "node"}
     ids = set(table["series_id"].to_pylist())
-    assert ids == {codec.series_id(s.labels) for s in SERIES}
+    assert ids == {series_id(s.labels) for s in SERIES}
 
 
 def test_samples_table_rows_written_out_by_hand() -> None:
     """One row per sample; a series' name is its last __name__ label; series without samples add nothing."""
-    body = codec.encode(
+    body = encode(
         [
-            codec.Series((("job", "a"), ("__name__", "x")), [1_000, 2_000], [1.5, -0.0]),
-            codec.Series((("job", "b"),), [3_000], [2.0]),
-            codec.Series((("__name__", "gone"),), [], []),
-            codec.Series((("__name__", "first"), ("__name__", "second")), [4_000], [3.0]),
+            Series((("job", "a"), ("__name__", "x")), [1_000, 2_000], [1.5, -0.0]),
+            Series((("job", "b"),), [3_000], [2.0]),
+            Series((("__name__", "gone"),), [], []),
+            Series((("__name__", "first"), ("__name__", "second")), [4_000], [3.0]),
         ]
     )
     now = datetime(2026, 1, 1, tzinfo=UTC)
@@ -78,7 +79,7 @@ def test_samples_table_rows_written_out_by_hand() -> None:
         ("second", [("__name__", "first"), ("__name__", "second")], at[3], 3.0, now, "prometheus", "b1"),
     ]
     assert table["series_id"].to_pylist() == [
-        codec.series_id(labels)
+        series_id(labels)
         for labels in [(("job", "a"), ("__name__", "x"))] * 2
         + [(("job", "b"),), (("__name__", "first"), ("__name__", "second"))]
     ]
@@ -87,11 +88,11 @@ def test_samples_table_rows_written_out_by_hand() -> None:
 def test_requests_flushed_together_keep_their_own_source_batch_and_arrival() -> None:
     """The log holds each request's series with its tags; one flush builds the rows of many."""
     first, second = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 1, 0, 0, 5, tzinfo=UTC)
-    up = codec.Series((("__name__", "up"), ("job", "a")), [1_000, 2_000], [1.0, 0.0])
+    up = Series((("__name__", "up"), ("job", "a")), [1_000, 2_000], [1.0, 0.0])
     batch = pa.concat_tables(
         [
-            request_series(codec.from_series([up]), "prometheus", "p1", first),
-            request_series(codec.from_series([up, codec.Series((("job", "b"),), [3_000], [7.0])]), "vm", "v1", second),
+            request_series(from_series([up]), "prometheus", "p1", first),
+            request_series(from_series([up, Series((("job", "b"),), [3_000], [7.0])]), "vm", "v1", second),
         ]
     )
     table = samples_of(batch)
@@ -103,20 +104,20 @@ def test_requests_flushed_together_keep_their_own_source_batch_and_arrival() -> 
         ("up", 0.0, second, "vm", "v1"),
         (None, 7.0, second, "vm", "v1"),
     ]
-    up_id = codec.series_id(up.labels)
-    assert table["series_id"].to_pylist() == [up_id] * 4 + [codec.series_id((("job", "b"),))]
+    up_id = series_id(up.labels)
+    assert table["series_id"].to_pylist() == [up_id] * 4 + [series_id((("job", "b"),))]
 
 
 def test_sample_rows_logged_by_an_earlier_version_land_after_an_upgrade(tmp_path: Path) -> None:
     """Segments of sample rows (the log's earlier form) are flushed before the series after them."""
     lake = tmp_path / "lake"
     wal = WriteAheadLog(lake / "_wal", 1 << 30)
-    legacy = samples_table(codec.from_series(SERIES[:1]), "prometheus", "old", datetime(2026, 1, 1, tzinfo=UTC))
+    legacy = samples_table(from_series(SERIES[:1]), "prometheus", "old", datetime(2026, 1, 1, tzinfo=UTC))
     wal.append(LEGACY_SAMPLES, legacy)
     wal.close()
     running, stop, thread = start_receiver(lake)
     try:
-        body = codec.encode(SERIES[1:])
+        body = encode(SERIES[1:])
         assert running.post(body, PROM_HEADERS)[0] == 204
         table = running.samples()
         new = "default:" + hashlib.sha256(body).hexdigest()[:16]
@@ -134,17 +135,17 @@ def test_sample_rows_logged_by_an_earlier_version_land_after_an_upgrade(tmp_path
 def test_victoriametrics_probe_then_zstd_is_accepted(server: RunningReceiver) -> None:
     assert server.get("/api/v1/write?get_vm_proto_version=1") == (200, b"1")
     headers = {"Content-Encoding": "zstd", "X-VictoriaMetrics-Remote-Write-Version": "1"}
-    assert server.post(codec.encode(SERIES, codec.ZSTD), headers)[0] == 204
-    assert server.post(codec.encode(SERIES, codec.ZSTD), headers, path="/api/v1/import")[0] == 204
+    assert server.post(encode(SERIES, codec.ZSTD), headers)[0] == 204
+    assert server.post(encode(SERIES, codec.ZSTD), headers, path="/api/v1/import")[0] == 204
     assert set(server.samples()["source"].to_pylist()) == {"victoriametrics"}
 
 
 def test_bad_requests_get_the_right_4xx_and_bodies_go_to_quarantine(server: RunningReceiver) -> None:
     assert server.post(b"\x00garbage", PROM_HEADERS)[0] == 400
-    truncated = codec.encode(SERIES)[:-3]
+    truncated = encode(SERIES)[:-3]
     assert server.post(truncated, PROM_HEADERS)[0] == 400
-    assert server.post(codec.encode(SERIES), {**PROM_HEADERS, "Content-Encoding": "gzip"})[0] == 415
-    assert server.post(codec.encode(SERIES), {**PROM_HEADERS, "X-Prometheus-Remote-Write-Version": "2.0.0"})[0] == 415
+    assert server.post(encode(SERIES), {**PROM_HEADERS, "Content-Encoding": "gzip"})[0] == 415
+    assert server.post(encode(SERIES), {**PROM_HEADERS, "X-Prometheus-Remote-Write-Version": "2.0.0"})[0] == 415
     assert server.get("/nope")[0] == 404
     server.receiver.flush()
     quarantine = DeltaTable(str(server.lake / "bronze" / "quarantine")).to_pyarrow_table()
@@ -157,7 +158,7 @@ def test_oversized_body_gets_413_and_a_full_queue_gets_429_with_retry_after(tmp_
     running, stop, thread = start_receiver(tmp_path / "lake", max_body_bytes=2048, max_pending_bytes=4096)
     try:
         assert running.post(b"x" * 4096, PROM_HEADERS)[0] == 413
-        body = codec.encode(SERIES)
+        body = encode(SERIES)
         statuses = [running.post(body, PROM_HEADERS) for _ in range(30)]
         assert {s for s, _, _ in statuses} == {204, 429}
         assert all(h.get("Retry-After") == "2" for s, _, h in statuses if s == 429)
@@ -172,7 +173,7 @@ def test_oversized_body_gets_413_and_a_full_queue_gets_429_with_retry_after(tmp_
 def test_acknowledged_samples_survive_a_crash_before_the_flush(tmp_path: Path, fsync: str) -> None:
     lake = tmp_path / "lake"
     running, stop, thread = start_receiver(lake, fsync=fsync)
-    assert running.post(codec.encode(SERIES), PROM_HEADERS)[0] == 204
+    assert running.post(encode(SERIES), PROM_HEADERS)[0] == 204
     # Simulate a crash: no flush, the process is gone; only the write-ahead log remains.
     running.receiver.flush = lambda: 0  # type: ignore[method-assign]
     stop.set()
@@ -189,7 +190,7 @@ def test_acknowledged_samples_survive_a_crash_before_the_flush(tmp_path: Path, f
 
 
 def test_metrics_and_healthz(server: RunningReceiver) -> None:
-    server.post(codec.encode(SERIES), PROM_HEADERS)
+    server.post(encode(SERIES), PROM_HEADERS)
     server.post(b"junk", PROM_HEADERS)
     assert server.metric("medallion_remote_write_samples_accepted_total") == 3
     assert server.metric("medallion_remote_write_bodies_rejected_total") == 1
@@ -244,7 +245,7 @@ def test_cli_serves_until_sigterm_and_flushes_what_it_acknowledged(tmp_path: Pat
             port = int(m.group(1)) if m else None
         assert port, "the receiver did not say where it listens"
         client = RunningReceiver(None, port, lake)  # type: ignore[arg-type]
-        assert client.post(codec.encode(SERIES), PROM_HEADERS)[0] == 204
+        assert client.post(encode(SERIES), PROM_HEADERS)[0] == 204
         assert client.get("/healthz")[0] == 200
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
@@ -267,15 +268,14 @@ def test_an_append_that_finishes_after_a_later_one_is_not_taken_for_landed(
 
     from pipelines.config.settings import load_settings
     from pipelines.sources.remote_write_processes import open_receiver
-    from pipelines.sources.remote_write_server import SERIES as SERIES_KIND
+    from pipelines.sources.remote_write_receiver import SERIES as SERIES_KIND
     from pipelines.storage.deltars import DeltaRsStore
 
     lake = tmp_path / "lake"
     receiver = open_receiver(load_settings(lake_root=str(lake)), DeltaRsStore(None, str(lake)))
     now = datetime(2026, 1, 1, tzinfo=UTC)
     first, second = (
-        request_series(codec.from_series([s]), "prometheus", name, now)
-        for s, name in zip(SERIES, ("b1", "b2"), strict=True)
+        request_series(from_series([s]), "prometheus", name, now) for s, name in zip(SERIES, ("b1", "b2"), strict=True)
     )
     entered, release = threading.Event(), threading.Event()
     replace = os.replace
@@ -312,7 +312,7 @@ def test_with_fsync_interval_the_log_is_synced_every_interval(tmp_path: Path) ->
     running.receiver.wal.sync = sync  # type: ignore[method-assign]
     try:
         assert running.receiver.wal.fsync_each is False
-        assert running.post(codec.encode(SERIES), PROM_HEADERS)[0] == 204
+        assert running.post(encode(SERIES), PROM_HEADERS)[0] == 204
         assert synced.wait(5)
     finally:
         stop.set()

@@ -21,7 +21,8 @@ from pyspark.sql import SparkSession
 
 from pipelines.flows import FLOWS
 from tests.demo_lake import DEMO_GROUP, DemoLake, medallion_here
-from tests.infra import ensure_apt_packages, require_or_skip
+from tests.infra.apt import ensure_apt_packages
+from tests.infra.common import require_or_skip
 
 # The report of a copy of the shared small demo lake (tests/demo_lake.py); that the demo writes its
 # own report and prints where is checked in test_demo.py.

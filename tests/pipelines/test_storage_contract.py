@@ -250,7 +250,7 @@ def test_overwrite_replaces_every_row_and_records_the_txn(store: TableStore, spa
 
 
 def test_the_newest_complete_checkpoint_is_the_one_read() -> None:
-    from pipelines.storage.deltaspark import newest_checkpoint
+    from pipelines.storage.delta_log import newest_checkpoint
 
     def v(n: int) -> str:
         return f"{n:020d}"

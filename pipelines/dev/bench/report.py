@@ -114,7 +114,7 @@ def markdown(result: dict[str, Any]) -> str:
                 f"| {one:.2f} | {one_big:.2f} | {_n(one_big / one if one else None)}x |"
             )
     if result.get("freshness"):
-        from pipelines.dev.bench.freshness import markdown as freshness_markdown
+        from pipelines.dev.bench.freshness_report import markdown as freshness_markdown
 
         lines += ["", freshness_markdown(result["freshness"]).rstrip()]
     if result.get("reduction"):

@@ -21,7 +21,7 @@ from pipelines.demo.synthetic import (
     generate_page_changes,
     write_jsonl_batches,
 )
-from pipelines.sources.remote_write import Series, encode
+from pipelines.sources.remote_write_series import Series, encode
 
 
 @dataclass(frozen=True)
