@@ -380,32 +380,46 @@ def validate(
         (df, [c for c in on_batch if c.name not in by_name]),
         (figures, [c for c in on_figures if c.name not in by_name]),
     ):
-        if frame is None or not checks:
-            continue
-        name = suite.table.replace("/", "__") + ("__figures" if frame is figures else "")
-        for check, res in zip(checks, _run_gx(frame, checks, name), strict=True):
-            error = None if res.success else _exception(res.exception_info)
-            if error:
-                raise RuntimeError(f"{suite.table}: expectation {check.name} could not run: {error}")
-            checked, failed, observed = _counts(check, res, rows)
-            if check.on == "figures" and figures is not None:
-                observed = _figures_text(figures, check)
-            if rows is None and checked is not None and frame is df:
-                rows = checked
-            by_name[check.name] = Result(
-                suite.table,
-                check.name,
-                check.policy,
-                "figures" if check.on == "figures" else "batch",
-                checked if frame is df else None,
-                failed,
-                outcome(check, bool(res.success)),
-                observed,
-                check.description,
-            )
+        if frame is not None and checks:
+            rows = _gx_results(suite, frame, frame is df, checks, figures, rows, by_name)
     results = [by_name[c.name] for c in suite.checks if c.name in by_name]
     kept, dropped = split(df, suite, results)
     return Validation(suite, results, kept, dropped, time.perf_counter() - t0)
+
+
+def _gx_results(
+    suite: Suite,
+    frame: DataFrame,
+    is_batch: bool,
+    checks: list[Check],
+    figures: DataFrame | None,
+    rows: int | None,
+    by_name: dict[str, Result],
+) -> int | None:
+    """``checks`` run through GX on ``frame`` (the batch, else the figures), their results put in
+    ``by_name``; returns the batch's row count, taken from GX's when it was not known yet."""
+    name = suite.table.replace("/", "__") + ("" if is_batch else "__figures")
+    for check, res in zip(checks, _run_gx(frame, checks, name), strict=True):
+        error = None if res.success else _exception(res.exception_info)
+        if error:
+            raise RuntimeError(f"{suite.table}: expectation {check.name} could not run: {error}")
+        checked, failed, observed = _counts(check, res, rows)
+        if check.on == "figures" and figures is not None:
+            observed = _figures_text(figures, check)
+        if rows is None and checked is not None and is_batch:
+            rows = checked
+        by_name[check.name] = Result(
+            suite.table,
+            check.name,
+            check.policy,
+            "figures" if check.on == "figures" else "batch",
+            checked if is_batch else None,
+            failed,
+            outcome(check, bool(res.success)),
+            observed,
+            check.description,
+        )
+    return rows
 
 
 def failing(check: Check) -> Column:

@@ -127,6 +127,39 @@ def group_type(props: Column) -> Column:
     return F.when(i.between(0, GROUP_TYPES - 1), F.concat(F.lit("group_"), i.cast("string")))
 
 
+def _doc(property_type: Column | str, entries: Column) -> Column:
+    kind = property_type if isinstance(property_type, Column) else F.lit(property_type)
+    return F.struct(kind.alias("property_type"), entries.alias("entries"))
+
+
+def property_entries(df: DataFrame) -> DataFrame:
+    """Silver events -> one row per property entry (``property_type``, ``property_key``, ``_entry``):
+    the event's own properties, the person's and, for a ``$groupidentify``, the group's."""
+    per_doc = df.select(
+        "team_id",
+        "bucket",
+        "event_time",
+        "batch_id",
+        F.inline(
+            F.array(
+                _doc("event", F.col(PROPS)),
+                _doc("person", person_entries(F.col(SET_PROPS), F.col(SET_ONCE_PROPS), F.col(PERSON_PROPS))),
+                # A $groupidentify without an integer index in 0..255 keeps its entries under
+                # no type, so they are counted as skipped (bad_group_index), never lost.
+                _doc(group_type(F.col(PROPS)), F.when(F.col("event") == "$groupidentify", F.col(GROUP_SET_PROPS))),
+            )
+        ),
+    )
+    return per_doc.select(
+        "team_id",
+        "bucket",
+        "event_time",
+        "batch_id",
+        "property_type",
+        F.explode("entries").alias("property_key", "_entry"),
+    )
+
+
 def fan_out(rules: FanoutRules) -> Callable[[DataFrame], DataFrame]:
     """Silver events -> one row per property entry, with ``property_value`` as text and a
     ``skip_reason`` (null for a tuple that counts).
@@ -136,33 +169,7 @@ def fan_out(rules: FanoutRules) -> Callable[[DataFrame], DataFrame]:
     """
 
     def transform(df: DataFrame) -> DataFrame:
-        def doc(property_type: Column | str, entries: Column) -> Column:
-            kind = property_type if isinstance(property_type, Column) else F.lit(property_type)
-            return F.struct(kind.alias("property_type"), entries.alias("entries"))
-
-        per_doc = df.select(
-            "team_id",
-            "bucket",
-            "event_time",
-            "batch_id",
-            F.inline(
-                F.array(
-                    doc("event", F.col(PROPS)),
-                    doc("person", person_entries(F.col(SET_PROPS), F.col(SET_ONCE_PROPS), F.col(PERSON_PROPS))),
-                    # A $groupidentify without an integer index in 0..255 keeps its entries under
-                    # no type, so they are counted as skipped (bad_group_index), never lost.
-                    doc(group_type(F.col(PROPS)), F.when(F.col("event") == "$groupidentify", F.col(GROUP_SET_PROPS))),
-                )
-            ),
-        )
-        exploded = per_doc.select(
-            "team_id",
-            "bucket",
-            "event_time",
-            "batch_id",
-            "property_type",
-            F.explode("entries").alias("property_key", "_entry"),
-        )
+        exploded = property_entries(df)
         kind, text = F.col("_entry.kind"), F.col("_entry.text")
         nested = kind.isin(*NESTED_KINDS)
         value = F.when(nested, text if rules.nested_values == "json" else F.lit(None)).otherwise(text)

@@ -155,46 +155,35 @@ def _loads(assignment: Mapping[int, int], volumes: Mapping[int, int], count: int
     return loads
 
 
-def plan_buckets(
-    mapping: BucketMapping,
-    current: Mapping[int, int],
-    volumes: Mapping[int, int],
-    *,
-    buckets: int | None = None,
-    max_moves: int = 10,
-) -> BucketPlan:
-    """A new mapping that balances ``volumes`` over the buckets while keeping assignments.
-
-    ``current`` is each team's bucket today. Teams outside their pool (a tier's reserved buckets,
-    or the unreserved ones) or beyond a reduced bucket count must move and always do; then up to
-    ``max_moves`` teams move, largest imbalance first: from the most loaded bucket of a pool to its
-    least loaded, choosing the team whose volume best halves the gap, while that lowers the peak.
-    Every team that moves, and every team already pinned, is pinned in the new mapping; when the
-    bucket count changes all teams are pinned, so none moves by the hash changing.
-    """
-    count = buckets or mapping.count
-    target = BucketMapping(count, dict(mapping.pinned), dict(mapping.tiers), dict(mapping.team_tiers))
-    assignment = {t: b for t, b in current.items() if t in volumes}
-    before = _loads(assignment, volumes, max(count, mapping.count))
-    moves: list[Move] = []
-    loads = _loads({t: b for t, b in assignment.items() if b < count}, volumes, count)
-
-    # Required moves, largest teams first, each to the least loaded bucket of its pool.
+def _required_moves(
+    target: BucketMapping, assignment: dict[int, int], volumes: Mapping[int, int], loads: dict[int, int]
+) -> list[Move]:
+    """Teams outside their pool or beyond the bucket count, largest first, each moved to the least
+    loaded bucket of its pool (``assignment`` and ``loads`` are updated)."""
+    moves = []
     for team in sorted(assignment, key=lambda t: (-volumes[t], t)):
         pool = target.pool(team)
         bucket = assignment[team]
         if bucket in pool:
             continue
         dest = min(pool, key=lambda b: (loads[b], b))
-        if bucket < count:
+        if bucket < target.count:
             loads[bucket] -= volumes[team]
         loads[dest] += volumes[team]
         assignment[team] = dest
-        moves.append(Move(team, bucket, dest, volumes[team], "range" if bucket >= count else "tier"))
+        moves.append(Move(team, bucket, dest, volumes[team], "range" if bucket >= target.count else "tier"))
+    return moves
 
+
+def _balance_moves(
+    target: BucketMapping, assignment: dict[int, int], volumes: Mapping[int, int], loads: dict[int, int], max_moves: int
+) -> list[Move]:
+    """Up to ``max_moves`` teams moved, largest imbalance first: from the most loaded bucket of a
+    pool to its least loaded, the team whose volume best halves the gap (``assignment`` and
+    ``loads`` are updated)."""
     pools = {tuple(sorted(target.tiers[t])) for t in target.tiers} | {target.unreserved}
-    balance_moves = 0
-    while balance_moves < max_moves:
+    moves: list[Move] = []
+    while len(moves) < max_moves:
         best: tuple[int, tuple[int, ...]] | None = None
         for pool in pools:
             hi, lo = max(pool, key=lambda b: (loads[b], -b)), min(pool, key=lambda b: (loads[b], b))
@@ -216,8 +205,33 @@ def plan_buckets(
         loads[lo] += volumes[team]
         assignment[team] = lo
         moves.append(Move(team, hi, lo, volumes[team], "balance"))
-        balance_moves += 1
+    return moves
 
+
+def plan_buckets(
+    mapping: BucketMapping,
+    current: Mapping[int, int],
+    volumes: Mapping[int, int],
+    *,
+    buckets: int | None = None,
+    max_moves: int = 10,
+) -> BucketPlan:
+    """A new mapping that balances ``volumes`` over the buckets while keeping assignments.
+
+    ``current`` is each team's bucket today. Teams outside their pool (a tier's reserved buckets,
+    or the unreserved ones) or beyond a reduced bucket count must move and always do; then up to
+    ``max_moves`` teams move, largest imbalance first: from the most loaded bucket of a pool to its
+    least loaded, choosing the team whose volume best halves the gap, while that lowers the peak.
+    Every team that moves, and every team already pinned, is pinned in the new mapping; when the
+    bucket count changes all teams are pinned, so none moves by the hash changing.
+    """
+    count = buckets or mapping.count
+    target = BucketMapping(count, dict(mapping.pinned), dict(mapping.tiers), dict(mapping.team_tiers))
+    assignment = {t: b for t, b in current.items() if t in volumes}
+    before = _loads(assignment, volumes, max(count, mapping.count))
+    loads = _loads({t: b for t, b in assignment.items() if b < count}, volumes, count)
+    moves = _required_moves(target, assignment, volumes, loads)
+    moves += _balance_moves(target, assignment, volumes, loads, max_moves)
     pinned = dict(target.pinned)
     for m in moves:
         pinned[m.team] = m.to_bucket

@@ -15,18 +15,11 @@ from collections.abc import Callable, Iterator
 import pytest
 from kafka import TopicPartition
 
-from tests.infra import (
-    ConsumerThread,
-    HttpRecorder,
-    KafkaBroker,
-    NodeExporter,
-    Prometheus,
-    RecordedRequest,
-    VmAgent,
-    free_port,
-    unique_name,
-    wait_until,
-)
+from pipelines.dev.services import KafkaBroker, free_port
+from tests.infra.broker import ConsumerThread
+from tests.infra.common import unique_name, wait_until
+from tests.infra.http_recorder import HttpRecorder, RecordedRequest
+from tests.infra.metrics_servers import NodeExporter, Prometheus, VmAgent
 
 pytestmark = pytest.mark.integration
 

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from pipelines import flows
+from pipelines.runtime.flow_types import Flow
 
 JOB = "medallion_pipeline"
 #: The settings every task passes, as job parameters (name, option, default).
@@ -65,13 +66,13 @@ def _wheel(args: list[str]) -> dict[str, Any]:
 
 def stage_dependencies() -> dict[str, list[str]]:
     """Stage -> the stages it waits for: those that write a table its flows read."""
-    by_stage: dict[str, list[flows.Flow]] = {}
+    by_stage: dict[str, list[Flow]] = {}
     for f in flows.FLOWS:
         by_stage.setdefault(f.stage, []).append(f)
     writers = {t.key: f.stage for f in flows.FLOWS for t in f.targets}
     deps: dict[str, list[str]] = {}
     for stage, members in by_stage.items():
-        reads = {writers[s.key] for f in members for s in f.sources if s.key in writers} - {stage}
+        reads = {writers[s.key] for f in members for s in (*f.sources, *f.lookups) if s.key in writers} - {stage}
         if stage in AFTER_EXPORT:
             reads.add("export")
         # Only the nearest: a stage already waited for by another dependency is left out.
@@ -79,12 +80,12 @@ def stage_dependencies() -> dict[str, list[str]]:
     return deps
 
 
-def _upstream(stage: str, by_stage: dict[str, list[flows.Flow]], writers: dict[str, str]) -> set[str]:
+def _upstream(stage: str, by_stage: dict[str, list[Flow]], writers: dict[str, str]) -> set[str]:
     out: set[str] = set()
     todo = [stage]
     while todo:
         for f in by_stage[todo.pop()]:
-            for s in f.sources:
+            for s in (*f.sources, *f.lookups):
                 w = writers.get(s.key)
                 if w is not None and w not in out and w != stage:
                     out.add(w)
@@ -93,7 +94,7 @@ def _upstream(stage: str, by_stage: dict[str, list[flows.Flow]], writers: dict[s
 
 
 def _task(stage: str, deps: list[str]) -> dict[str, Any]:
-    task: dict[str, Any] = {"task_key": stage}
+    task: dict[str, Any] = {"task_key": stage, "description": _describe(stage)}
     if deps:
         task["depends_on"] = [{"task_key": d} for d in deps]
     if stage == "ingest":
@@ -103,6 +104,13 @@ def _task(stage: str, deps: list[str]) -> dict[str, Any]:
         inner = {"task_key": f"{stage}_bucket"} | _wheel([*args, "--bucket={{input}}"])
         return task | {"for_each_task": {"inputs": "${var.buckets}", "concurrency": 4, "task": inner}}
     return task | _wheel(args)
+
+
+def _describe(stage: str) -> str:
+    """The task's flows and how each writes (its write kind), as ``medallion flows`` shows them."""
+    return "; ".join(
+        f"{f.name}: {f.mode}" + (", by bucket" if f.by_bucket else "") for f in flows.FLOWS if f.stage == stage
+    )
 
 
 def _writes_clickhouse(stage: str) -> bool:

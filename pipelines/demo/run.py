@@ -17,6 +17,7 @@ from pipelines.demo import data as fixtures
 from pipelines.demo import synthetic
 from pipelines.demo.counters import counters_summary, prepare_counters
 from pipelines.demo.metric_windows import metrics_summary, prepare_metrics
+from pipelines.flows import flow_names
 from pipelines.runtime import ingest, passes
 from pipelines.runtime.eventlog import PIPELINE_EVENTS, totals
 from pipelines.runtime.runner import Context
@@ -142,8 +143,8 @@ def summary(ctx: Context) -> dict[str, Any]:
         "page_changes_in": changes_in,
         "page_changes_out": changes_out,
         "page_changes_deduplicated": changes_in - changes_out,
-        "event_repeats_dropped": repeats.get("silver.events", 0),
-        "page_change_repeats_dropped": repeats.get("silver.page_changes", 0),
+        "event_repeats_dropped": repeats.get(flow_names.SILVER_EVENTS, 0),
+        "page_change_repeats_dropped": repeats.get(flow_names.SILVER_PAGE_CHANGES, 0),
         "dedup_percent": round(100.0 * (changes_in - changes_out) / changes_in, 2) if changes_in else 0.0,
         "records_per_event_single_stage": round(rows[GOLD_PARTIALS.key] / events_in, 3) if events_in else 0.0,
         "records_per_event_two_stage": round(ch_tuples / events_in, 3) if events_in else 0.0,

@@ -12,6 +12,7 @@ from pyspark.sql import functions as F
 from gold.property_values import fan_out
 from pipelines.config.layers import fanout_rules
 from pipelines.config.settings import Settings
+from pipelines.flows import flow_names
 from pipelines.runtime.flow_types import Frames
 from pipelines.runtime.runner import app_id
 from pipelines.runtime.tables import GOLD_EXPORTED, GOLD_PARTIALS, GOLD_PROPERTY_VALUES, SILVER_EVENTS
@@ -36,14 +37,14 @@ def gold_frames(store: TableStore, settings: Settings) -> Frames | None:
     gold = store.read(GOLD_PROPERTY_VALUES)
     total = total_of("count")
     gold_sum = gold.agg(total).first()[0]  # type: ignore[index]
-    merged = store.txn_version(GOLD_PROPERTY_VALUES, app_id("gold.merge", GOLD_PARTIALS))
+    merged = store.txn_version(GOLD_PROPERTY_VALUES, app_id(flow_names.GOLD_MERGE, GOLD_PARTIALS))
     partial_sum = (
         store.read_inserted(GOLD_PARTIALS, 0, merged).agg(total).first()[0]  # type: ignore[index]
         if merged is not None
         else None
     )
     figures: dict[str, int | None] = {"gold_count_sum": gold_sum, "partial_count_sum": partial_sum}
-    fanned = store.txn_version(GOLD_PARTIALS, app_id("gold.partials", SILVER_EVENTS))
+    fanned = store.txn_version(GOLD_PARTIALS, app_id(flow_names.GOLD_PARTIALS, SILVER_EVENTS))
     note = None
     if fanned is not None and merged is not None and merged == store.version(GOLD_PARTIALS):
         events = store.read_inserted(SILVER_EVENTS, 0, fanned)

@@ -42,13 +42,14 @@ from gold.export import (
 from gold.property_values import WINDOW_START
 from pipelines.config.sections import ClickHouseSettings, GoldSettings
 from pipelines.config.settings import Settings
+from pipelines.flows import flow_names
 from pipelines.runtime.flow_types import DeclaredTables, ExportRun, FlowRecord
 from pipelines.runtime.runner import app_id
 from pipelines.runtime.tables import EXPORT_OUTBOX, EXPORTS, GOLD_EXPORTED, GOLD_PROPERTY_VALUES
 from pipelines.sinks import clickhouse
 from pipelines.storage import AppTxn
 
-APP = app_id("export.clickhouse", GOLD_PROPERTY_VALUES)
+APP = app_id(flow_names.EXPORT_CLICKHOUSE, GOLD_PROPERTY_VALUES)
 #: The outbox records each batch under this app id: sent in the order of its files. Batches written
 #: before that are under ``APP``: sent sorted by key.
 FILES_APP = f"{APP}#files"
@@ -194,7 +195,7 @@ class PropertyValuesExport:
             exported = self.tables.read(GOLD_EXPORTED).where(F.col(WINDOW_START).isin(windows))
         if newest is None:
             return "gold is empty"
-        bounds = export_bounds(newest, g.window, g.grace, self.run.drain, prev)
+        bounds = export_bounds(newest, g.window, g.grace, self.run.options.drain, prev)
         if prev is None:
             cut = gold.transform(
                 export_batch(exported, g.window, bounds.closed_before, g.min_export_count, g.top_values_per_key)
@@ -231,7 +232,7 @@ def property_values(run: ExportRun, config: ExportConfig, record: FlowRecord) ->
         resent = export.resend(out_seq)
         record.say(f"export: finished batch {out_seq} that a stopped run had left ({resent:,} rows)")
     prev = None if out_seq == 0 else progress_of(tables.read(EXPORT_OUTBOX, where=f"export_seq = {out_seq}"))
-    if prev is not None and prev.gold_version == tables.version(GOLD_PROPERTY_VALUES) and not run.drain:
+    if prev is not None and prev.gold_version == tables.version(GOLD_PROPERTY_VALUES) and not run.options.drain:
         record.noop(f"gold has not changed since export batch {out_seq}")
         return
     seq = out_seq + 1
@@ -255,7 +256,7 @@ def property_values(run: ExportRun, config: ExportConfig, record: FlowRecord) ->
     record.say(
         f"export: batch {seq}: {sent:,} rows to ClickHouse {clickhouse.PROPERTY_VALUES_TABLE} "
         f"({int(record.figure('late_corrections')):,} corrections, {batch.gated:,} gated)"
-        + (" (drained)" if run.drain else "")
+        + (" (drained)" if run.options.drain else "")
     )
 
 

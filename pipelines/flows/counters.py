@@ -24,13 +24,14 @@ from gold.counters import (
 from pipelines.config.layers import counter_registry
 from pipelines.config.sections import ClickHouseSettings
 from pipelines.config.settings import Settings
+from pipelines.flows import flow_names
 from pipelines.runtime.flow_types import Batch, ExportRun, FlowRecord, MergeRules
 from pipelines.runtime.runner import app_id
 from pipelines.runtime.tables import COUNTER_EXPORTS, GOLD_COUNTERS
 from pipelines.sinks import clickhouse
 from pipelines.storage import AppTxn
 
-EXPORT_APP = app_id("export.counters", GOLD_COUNTERS)
+EXPORT_APP = app_id(flow_names.EXPORT_COUNTERS, GOLD_COUNTERS)
 NO_REGISTRY = "no counter registry configured (counters.registry)"
 
 
@@ -79,7 +80,7 @@ def flush(batch: Batch, config: CounterConfig, record: FlowRecord) -> DataFrame 
         return None
     seq, clock = int(stats["seq"]), stats["clock"]
     source = record.cache(
-        flush_source(parts, batch.read(GOLD_COUNTERS), config.registry, clock, seq, force=batch.drain)
+        flush_source(parts, batch.read(GOLD_COUNTERS), config.registry, clock, seq, force=batch.options.drain)
     )
     n_source = source.count()
     if n_source == 0:

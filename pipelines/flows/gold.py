@@ -63,7 +63,7 @@ def partials(batch: Batch, config: GoldConfig, record: FlowRecord) -> DataFrame:
     reasons = {r["reason"]: int(r["count"]) for r in skip_counts(counts).collect()}
     counted = reasons.pop("counted", 0)
     # No tuple (a batch all filtered out or without properties): no sum to hold the batch against.
-    record.gate_params["tuples"] = counted or None
+    record.check_with(tuples=counted or None)
     n_events = int(record.observed(INPUT_EVENTS)["rows"])
     record.rows(rows_in=n_events)
     record.add(input_events=n_events, tuples=counted, **{f"skipped.{k}": v for k, v in reasons.items()})

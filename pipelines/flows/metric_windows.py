@@ -63,7 +63,7 @@ def panes(batch: StateBatch, aggs: Sequence[AggregationSettings], record: FlowRe
         seen = mine.agg(F.count(F.lit(1)).alias("n"), F.max("timestamp").alias("t")).first()
         n_new = int(seen["n"]) if seen else 0
         prev = progress.get(agg.name)
-        clock = pane_clock(agg, prev["max_seen"] if prev else None, seen["t"] if seen else None, batch.drain)
+        clock = pane_clock(agg, prev["max_seen"] if prev else None, seen["t"] if seen else None, batch.options.drain)
         step = pane_run(
             agg,
             mine,
@@ -72,7 +72,7 @@ def panes(batch: StateBatch, aggs: Sequence[AggregationSettings], record: FlowRe
             clock.previous,
             clock.closes,
             batch.run,
-            close_all=batch.drain,
+            close_all=batch.options.drain,
         )
         n_late = step.late.count() if clock.previous is not None else 0
         outs.append(step.panes)
@@ -99,7 +99,7 @@ def panes(batch: StateBatch, aggs: Sequence[AggregationSettings], record: FlowRe
         )
         record.say(
             f"silver/metric_panes: {n_in:,} samples -> {n:,} final pane rows, "
-            f"{counts.get('sample', 0):,} samples in open panes" + (" (drained)" if batch.drain else "")
+            f"{counts.get('sample', 0):,} samples in open panes" + (" (drained)" if batch.options.drain else "")
         )
 
     return StateStep(next_state(rest, outs, progress_rows, batch.end), published)

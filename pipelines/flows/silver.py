@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 
 from pipelines.config.layers import bucket_mapping
@@ -52,11 +52,11 @@ def events(batch: Batch, config: SilverConfig, record: FlowRecord) -> DataFrame:
     once, by the write. (Caching the batch cost more than the parse it saved: the cache holds
     every parsed document.)
     """
-    rows = batch.rows.transform(assign_buckets(config.mapping)).transform(in_buckets(batch.buckets))
+    rows = batch.rows.transform(assign_buckets(config.mapping)).transform(in_buckets(batch.options.buckets))
     if config.horizon:
         rows = rows.transform(without_repeats(batch, config.horizon, record))
     out = rows.transform(to_silver_events(config.mapping))
-    buckets = batch.buckets or range(config.mapping.count)
+    buckets = batch.options.buckets or range(config.mapping.count)
     if len(buckets) > OBSERVED_BUCKETS:  # a figure per bucket is a query of its own (events_figures)
         return out
     return record.observe(BUCKET_FIGURES, out, **bucket_figures(buckets))
@@ -102,7 +102,7 @@ def without_repeats(batch: Batch, horizon: timedelta, record: FlowRecord) -> Cal
         held = None
         if earliest is not None:
             since = earliest - horizon
-            held = batch.read_since(SILVER_EVENTS, "event_time", since).transform(in_buckets(batch.buckets))
+            held = batch.read_since(SILVER_EVENTS, "event_time", since).transform(in_buckets(batch.options.buckets))
         maybe = record.cache(suspects(rows, held))
         n_suspects = maybe.count()  # materializes the cache
         if not n_suspects:  # no identity held twice: nothing to drop
@@ -177,6 +177,26 @@ META_ID = ("meta_id",)
 PAGE_CHANGE_ORDER = ("_commit_version", "source_file", "partition", "offset", "raw")
 
 
+def new_page_changes(
+    new: DataFrame, buffered: DataFrame, horizon: timedelta, record: FlowRecord
+) -> tuple[DataFrame, int, datetime | None]:
+    """The batch's page changes without exact repeats (a ``meta.id`` landed before, in the batch or
+    buffered, within ``horizon``; 0: off), how many came in, and the newest event time among them."""
+    if horizon:
+        seen = recent_identities(buffered, META_ID)
+        new = new.transform(mark_repeats(seen, horizon, order=PAGE_CHANGE_ORDER, identity=META_ID))
+    else:
+        new = new.withColumn(REPEAT, F.lit(False))
+    # One row: the batch's figures.
+    totals = new.agg(F.count(F.lit(1)).alias("n"), F.max("event_time").alias("t"), F.sum(F.col(REPEAT).cast("long")))
+    n_in, batch_max, n_repeats = 0, None, 0
+    if (row := totals.first()) is not None:
+        n_in, batch_max, n_repeats = int(row[0]), row[1], int(row[2] or 0)
+    if horizon:
+        record.add(duplicates_dropped=n_repeats)
+    return first_copies(new).select(*EVENT_COLUMNS), n_in, batch_max
+
+
 def page_changes(batch: StateBatch, config: PageChangeConfig, record: FlowRecord) -> StateStep:
     """New bronze page changes and the state -> reordered, deduplicated page changes, window by
     window, and the next state (silver.page_changes).
@@ -189,25 +209,11 @@ def page_changes(batch: StateBatch, config: PageChangeConfig, record: FlowRecord
     progress = state.transform(state_progress).first()
     max_seen = progress["max_event_time"] if progress else None
     buffered = state.transform(state_events)
-    new = batch.rows
-    n_in, batch_max, n_repeats = 0, None, 0
-    if new is not None:
-        if config.horizon:
-            seen = recent_identities(buffered, META_ID)
-            new = new.transform(mark_repeats(seen, config.horizon, order=PAGE_CHANGE_ORDER, identity=META_ID))
-        else:
-            new = new.withColumn(REPEAT, F.lit(False))
-        # One row: the batch's figures.
-        totals = new.agg(
-            F.count(F.lit(1)).alias("n"), F.max("event_time").alias("t"), F.sum(F.col(REPEAT).cast("long"))
-        ).first()
-        if totals:
-            n_in, batch_max, n_repeats = int(totals[0]), totals[1], int(totals[2] or 0)
-        new = first_copies(new).select(*EVENT_COLUMNS)
-        if config.horizon:
-            record.add(duplicates_dropped=n_repeats)
-    max_seen, watermark = event_clock(max_seen, batch_max, cfg.allowed_lateness, batch.drain)
-    events = buffered if new is None else buffered.unionByName(new)
+    n_in, batch_max, events = 0, None, buffered
+    if batch.rows is not None:
+        new, n_in, batch_max = new_page_changes(batch.rows, buffered, config.horizon, record)
+        events = buffered.unionByName(new)
+    max_seen, watermark = event_clock(max_seen, batch_max, cfg.allowed_lateness, batch.options.drain)
     result = dedup_run(events, state.transform(state_last_emitted), cfg.mode, cfg.window, watermark)
     # Several actions read these; caching them keeps each step computed once.
     for df in (result.windowed, result.finalized):
@@ -222,9 +228,17 @@ def page_changes(batch: StateBatch, config: PageChangeConfig, record: FlowRecord
     state_rows = record.cache(next_state(result.buffered, result.last_emitted, emitted, max_seen, batch.end))
     parts = state_rows.agg(*state_counts()).first()
     assert parts is not None, "a global aggregate has one row"
-    n_emitted, buffered_events, open_windows = (int(parts[k]) for k in ("emit", "event", "windows"))
     n_final = int(finalized["n"] or 0) if finalized else 0
     stale = int(finalized["stale"] or 0) if finalized else 0
+    page_change_figures(record, n_in, n_final, stale, parts, watermark, batch.options.drain)
+    return StateStep(state_rows)
+
+
+def page_change_figures(
+    record: FlowRecord, n_in: int, n_final: int, stale: int, parts: Row, watermark: datetime | None, drain: bool
+) -> None:
+    """A page-change run's figures and progress line, from the counts of its next state (``parts``)."""
+    n_emitted, buffered_events, open_windows = (int(parts[k]) for k in ("emit", "event", "windows"))
     record.rows(n_in, n_emitted)
     record.add(
         input_events=n_in,
@@ -241,6 +255,5 @@ def page_changes(batch: StateBatch, config: PageChangeConfig, record: FlowRecord
     record.say(
         f"silver/page_changes: {n_in:,} new, {n_final:,} in closed windows -> {n_emitted:,} emitted, "
         f"{stale:,} stale, {buffered_events:,} buffered in {open_windows:,} open window(s)"
-        + (" (drained)" if batch.drain else "")
+        + (" (drained)" if drain else "")
     )
-    return StateStep(state_rows)

@@ -23,7 +23,7 @@ from pipelines.runtime.runner import Context, run_job
 def run_export(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
     """One run of an export flow (see the module's docstring)."""
     code, config, skip = configured(ctx, flow)
-    declared = (*flow.sources, *flow.targets)
+    declared = flow.reads_tables
 
     def body(record: RunRecord) -> None:
         if skip is not None:
@@ -34,7 +34,7 @@ def run_export(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
         figures = FlowRecord(record, ctx.say)
         run = ExportRun(
             DeclaredTables(ctx.store, flow.name, declared),
-            options.drain,
+            RunOptions(None, options.drain),
             lambda table, df, txn: quality.gate_in_write(ctx, record, table, df, txn),
         )
         try:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame
@@ -26,90 +26,142 @@ from pipelines.runtime.eventlog import RunRecord, passed_rows
 from pipelines.runtime.progress import Increment, append_once, pending
 from pipelines.storage import AppTxn, Predicate, TableSpec, TableStore
 
-#: How a flow writes its main target: appends, a MERGE, a state table it rewrites per key, or an
-#: export to a system outside the lake (with its own log table); ``ingest``: landed from outside.
-Mode = Literal["ingest", "append", "merge", "state", "export"]
+#: A flow's config type: what its ``config`` builds from settings and its code takes.
+C = TypeVar("C")
 
 
 @dataclass
 class RunOptions:
-    """What one pass of ``medallion run`` gives its flows."""
+    """What one run of a flow is asked to do: the only place a run's buckets and drain live."""
 
+    #: The team buckets this run covers (None: all), for a flow that splits by bucket.
     buckets: Sequence[int] | None = None
     #: Treat every window as closed (the end of a backfill).
     drain: bool = False
 
 
+# -- how a flow writes: one of these, its ``write`` ------------------------------------------------
 @dataclass(frozen=True)
-class Flow:
-    """One flow's declaration."""
+class Append:
+    """Its transform's rows are appended to its target."""
+
+    kind: ClassVar[str] = "append"
+    #: Its written rows stay in memory for the next flow of the same pass, if that reads them.
+    hands_off: bool = False
+
+
+@dataclass(frozen=True)
+class Merge:
+    """Its transform's rows are MERGEd into its target by ``rules``."""
+
+    rules: MergeRules
+    kind: ClassVar[str] = "merge"
+
+
+@dataclass(frozen=True)
+class State:
+    """It keeps a state table (its ``targets[1]``) that the runner reads and rewrites by
+    ``rules``, and publishes its outbox rows to its output (``targets[0]``)."""
+
+    rules: StateRules
+    kind: ClassVar[str] = "state"
+
+
+@dataclass(frozen=True)
+class Export:
+    """It sends lake rows to ``to``, a system outside the lake, with its own exactly-once log."""
+
+    to: str
+    kind: ClassVar[str] = "export"
+
+
+@dataclass(frozen=True)
+class Ingest:
+    """It lands input from ``source`` (Kafka, files, remote write): started by ``medallion
+    ingest`` or ``serve``, not by ``medallion run``."""
+
+    source: str
+    kind: ClassVar[str] = "ingest"
+
+
+Write = Append | Merge | State | Export | Ingest
+
+
+@dataclass(frozen=True)
+class Flow(Generic[C]):
+    """One flow's declaration: data only. Its write kind (:data:`Write`) says which runner runs
+    it; ``config`` builds the ``C`` that ``transform``, ``skip`` and ``figures`` take, so mypy
+    checks that a config builder fits its code."""
 
     name: str
     stage: str
     sources: tuple[TableSpec, ...]
     targets: tuple[TableSpec, ...]
-    mode: Mode
+    write: Write
     description: str
+    #: The flow's code, given its typed config and its record; the runner does the rest. An
+    #: incremental flow's maps new source rows to target rows (a :class:`Batch` -> a DataFrame;
+    #: a :class:`State` flow's, a :class:`StateBatch` -> a :class:`StateStep`); an export's sends
+    #: an :class:`ExportRun`'s rows to its sink. None for an :class:`Ingest` flow.
+    transform: Callable[[Any, C, FlowRecord], Any] | None = None
+    #: Builds the transform's typed config from settings, once per run (None: the config is None).
+    config: Callable[[Settings], C] | None = None
+    #: Why the flow has nothing to do under this config (a noop), else None.
+    skip: Callable[[C], str | None] | None = None
+    #: Figures of what was written (the rows appended), after the commit.
+    figures: Callable[[DataFrame, C, FlowRecord], None] | None = None
     #: Splits by team bucket (``--bucket``): one app id per bucket set.
     by_bucket: bool = False
-    #: Where it reads from or writes to outside the lake (Kafka, files, HTTP, ClickHouse).
-    external_source: str | None = None
-    external_target: str | None = None
-    #: Tables whose quality suite gates this flow's writes.
-    gated: tuple[str, ...] = field(default=())
-    #: The flow's code, given its typed config and its record; the runner does the rest. An
-    #: incremental flow's (:mod:`pipelines.runtime.incremental`) maps new source rows to target rows (a
-    #: :class:`Batch` -> a DataFrame; with ``state``, a :class:`StateBatch` -> a
-    #: :class:`StateStep`); an export's (:mod:`pipelines.runtime.exports`) sends an :class:`ExportRun`'s
-    #: rows to its sink. None: started by ``medallion ingest`` / ``serve``, not by ``medallion run``.
-    transform: Callable[[Any, Any, FlowRecord], Any] | None = None
-    #: How a ``merge`` flow MERGEs its transform's rows into its target (else they are appended).
-    merge: MergeRules | None = None
-    #: Its written rows stay cached for the next flow of the pass, if that reads them (Handoff).
-    hands_off: bool = False
-    #: A flow with state (``mode="state"``; its targets are its output and its state table): how
-    #: the runner reads and writes the state.
-    state: StateRules | None = None
     #: What its transform gets of the source's new commits: the rows they added, or their change
     #: feed (``_change_type``, ``_commit_version``, ...); or ``all``: the whole source every run.
     reads: Literal["inserts", "changes", "all"] = "inserts"
-    #: Builds the transform's typed config from settings, once per run.
-    config: Callable[[Settings], Any] | None = None
-    #: Why the flow has nothing to do under this config (a noop), else None.
-    skip: Callable[[Any], str | None] | None = None
-    #: Figures of what was written (the rows appended), after the commit.
-    figures: Callable[[DataFrame, Any, FlowRecord], None] | None = None
+    #: Tables its code also reads as they are now (never a source of increments); reading a table
+    #: that is not among its sources, targets or lookups raises.
+    lookups: tuple[TableSpec, ...] = ()
+    #: Tables whose quality suite gates this flow's writes.
+    gated: tuple[str, ...] = ()
     #: Table key -> how ``medallion validate`` reads it with the figures that tie it to its
     #: sources (a conservation check of what this flow writes).
     checks: Mapping[str, TableCheck] = field(default_factory=dict)
 
+    @property
+    def mode(self) -> str:
+        """How it writes, as ``medallion flows``, ``status``, the bundle and the report show it."""
+        return self.write.kind
+
+    @property
+    def external_source(self) -> str | None:
+        return self.write.source if isinstance(self.write, Ingest) else None
+
+    @property
+    def external_target(self) -> str | None:
+        return self.write.to if isinstance(self.write, Export) else None
+
+    @property
+    def reads_tables(self) -> tuple[TableSpec, ...]:
+        """Every table its code may read: its sources, targets and lookups."""
+        return tuple(dict.fromkeys((*self.sources, *self.targets, *self.lookups)))
+
 
 @dataclass(frozen=True)
 class Batch:
-    """What a flow's transform gets: the rows added to its source in versions ``start..end``."""
+    """What an incremental flow's transform gets: the rows added to its source in versions
+    ``start..end``, the run's options, and reads of the tables the flow declares."""
 
     rows: DataFrame
     start: int
     end: int
-    buckets: Sequence[int] | None = None
-    #: Reads another table as it is now (a lookup, never a source of increments).
-    lookup: Callable[[TableSpec, str | None], DataFrame] | None = None
-    #: The rows are in memory already: handed over by the flow before (:class:`Handoff`).
-    kept: bool = False
-    #: Treat every window as closed (the end of a backfill).
-    drain: bool = False
-    #: Reads another table's rows from a point of a column on (:meth:`read_since`).
-    since: Callable[[TableSpec, str, datetime], DataFrame] | None = None
+    options: RunOptions
+    tables: DeclaredTables
 
     def read(self, spec: TableSpec, where: str | None = None) -> DataFrame:
-        assert self.lookup is not None, "a batch built without a lookup"
-        return self.lookup(spec, where)
+        """A declared table as it is now (a lookup, never a source of increments)."""
+        return self.tables.read(spec, where)
 
     def read_since(self, spec: TableSpec, column: str, since: datetime) -> DataFrame:
-        """Another table's rows whose ``column`` is ``since`` or later, from the files that may
+        """A declared table's rows whose ``column`` is ``since`` or later, from the files that may
         hold them (:meth:`pipelines.storage.TableStore.read_since`)."""
-        assert self.since is not None, "a batch built without a lookup"
-        return self.since(spec, column, since)
+        return self.tables.read_since(spec, column, since)
 
     def empty(self, spec: TableSpec) -> DataFrame:
         """No rows, with ``spec``'s schema."""
@@ -155,8 +207,7 @@ class StateBatch:
     end: int | None
     #: This run's number: the version of its state commit's app transaction.
     run: int
-    #: Treat every window as closed (the end of a backfill).
-    drain: bool
+    options: RunOptions
 
 
 @dataclass(frozen=True)
@@ -175,9 +226,10 @@ class FlowRecord:
     _record: RunRecord
     _say: Callable[[str], None]
     _gate: Callable[[str, DataFrame], DataFrame] | None = None
+    #: The runner's: the frames this run cached (released, or handed to the next flow, by it).
     _cached: list[DataFrame] = field(default_factory=list)
-    #: Parameters the target's suite takes from this batch (its gate's ``**params``).
-    gate_params: dict[str, Any] = field(default_factory=dict)
+    #: The runner's: what the target's suite takes from this batch (:meth:`check_with`).
+    _suite_params: dict[str, Any] = field(default_factory=dict)
     _observed: dict[str, Callable[[], dict[str, Any]]] = field(default_factory=dict)
 
     def incr(self, **figures: float | int) -> None:
@@ -198,6 +250,11 @@ class FlowRecord:
         """The rows of this run's batch for ``table`` that its gate counted and let through (None
         when no gate counted them: quality off, or no check on rows): a figure with no pass of its own."""
         return passed_rows(self._record, table)
+
+    def check_with(self, **params: Any) -> None:
+        """Parameters the target's quality suite takes from this batch (e.g. how many tuples it
+        fanned out to), for the gate of the rows the transform returns."""
+        self._suite_params.update(params)
 
     def rows(self, rows_in: int | None = None, rows_out: int | None = None) -> None:
         """Rows read and written, for the event log (a figure not given is left as it is)."""
@@ -241,17 +298,13 @@ class FlowRecord:
         # cached from an older one is gone before the older one goes, so nothing is re-planned.
         for df in reversed(gone):
             df.unpersist()
-        self._cached = [df for df in self._cached if all(df is not g for g in gone)]
-
-    def handed_over(self) -> list[DataFrame]:
-        """The frames cached so far, now the :class:`Handoff`'s to release."""
-        cached, self._cached = self._cached, []
-        return cached
+        self._cached[:] = [df for df in self._cached if all(df is not g for g in gone)]  # the runner's list
 
 
 class DeclaredTables:
-    """The table store as an export's code uses it: reads and writes of the tables its flow
-    declares (sources and targets), and no other (asking for another is a bug in the flow)."""
+    """The table store as a flow's code uses it: reads and writes of the tables its flow declares
+    (sources, targets and lookups: :attr:`Flow.reads_tables`), and no other (asking for another
+    is a bug in the flow: declare it, so the report's graph and the bundle see it)."""
 
     def __init__(self, store: TableStore, flow: str, declared: Sequence[TableSpec]) -> None:
         self._store, self._flow = store, flow
@@ -259,11 +312,14 @@ class DeclaredTables:
 
     def _mine(self, spec: TableSpec) -> TableSpec:
         if spec.key not in self._keys:
-            raise AssertionError(f"{self._flow} does not declare {spec.key}: add it to its sources or targets")
+            raise AssertionError(f"{self._flow} does not declare {spec.key}: add it to its sources, targets or lookups")
         return spec
 
     def read(self, spec: TableSpec, where: str | None = None) -> DataFrame:
         return self._store.read(self._mine(spec), where)
+
+    def read_since(self, spec: TableSpec, column: str, since: datetime) -> DataFrame:
+        return self._store.read_since(self._mine(spec), column, since)
 
     def read_changes(self, spec: TableSpec, start: int, end: int | None = None) -> DataFrame:
         return self._store.read_changes(self._mine(spec), start, end)
@@ -272,7 +328,8 @@ class DeclaredTables:
         return self._store.version(self._mine(spec))
 
     def pending(self, source: TableSpec, target: TableSpec, app: str) -> Increment | None:
-        """The source versions not yet recorded by ``app`` on ``target`` (:func:`pipelines.runtime.progress.pending`)."""
+        """The source versions not yet recorded by ``app`` on ``target``
+        (:func:`pipelines.runtime.progress.pending`)."""
         return pending(self._store, self._mine(source), self._mine(target), app)
 
     def txn_version(self, spec: TableSpec, app: str) -> int | None:
@@ -308,8 +365,7 @@ class ExportRun:
     """What an export's code gets besides its config and record."""
 
     tables: DeclaredTables
-    #: Treat every window as closed (the end of a backfill).
-    drain: bool
+    options: RunOptions
     #: The gate of a frame written under ``txn`` by a table's (or dataset's) suite, checked by
     #: the write where the suite allows (:func:`pipelines.runtime.quality.gate_in_write`).
     gate: Callable[[str, DataFrame, AppTxn], WriteGate]

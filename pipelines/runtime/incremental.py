@@ -31,7 +31,17 @@ from pyspark.sql import functions as F
 from pipelines.config.layers import bucket_mapping
 from pipelines.runtime import quality
 from pipelines.runtime.eventlog import RunRecord
-from pipelines.runtime.flow_types import Batch, Flow, FlowRecord, RunOptions, StateBatch
+from pipelines.runtime.flow_types import (
+    Append,
+    Batch,
+    DeclaredTables,
+    Flow,
+    FlowRecord,
+    Merge,
+    RunOptions,
+    State,
+    StateBatch,
+)
 from pipelines.runtime.progress import Increment, after, pending
 from pipelines.runtime.runner import Context, app_id, check_split, run_job, task_name
 from pipelines.storage import AppTxn, TableSpec, TableStore
@@ -39,7 +49,7 @@ from pipelines.storage import AppTxn, TableSpec, TableStore
 
 @dataclass
 class Handoff:
-    """The rows a flow just wrote (``Flow.hands_off``), kept in memory for the next flow of the
+    """The rows a flow just wrote (``Append(hands_off=True)``), kept in memory for the next flow of the
     same pass (``medallion run gold``): when they are exactly what that flow has pending, it takes
     them instead of reading them back. The runner releases them after that flow, whatever happens,
     and at the end of the pass.
@@ -67,6 +77,11 @@ class Handoff:
         for df in reversed(self.cached):  # newest first: see FlowRecord.release
             df.unpersist()
         self.table, self.version, self.frame, self.cached = None, None, None, []
+
+
+def declared(ctx: Context, flow: Flow) -> DeclaredTables:
+    """The lake as ``flow``'s code may use it: the tables it declares, and no other."""
+    return DeclaredTables(ctx.store, flow.name, flow.reads_tables)
 
 
 def configured(ctx: Context, flow: Flow) -> tuple[Callable[..., Any], Any, str | None]:
@@ -119,7 +134,9 @@ def run_incremental(ctx: Context, flow: Flow, options: RunOptions, handoff: Hand
         if inc is None:
             record.noop(f"no new rows in {source.key}")
             return
-        figures = FlowRecord(record, ctx.say)
+        cached: list[DataFrame] = []  # what the transform caches: released here, or handed off
+        params: dict[str, Any] = {}  # what it gives the target's suite (FlowRecord.check_with)
+        figures = FlowRecord(record, ctx.say, _cached=cached, _suite_params=params)
         handed_off = False
         try:
             kept = handoff.take(ctx.store, inc) if handoff is not None and flow.reads == "inserts" else None
@@ -131,22 +148,21 @@ def run_incremental(ctx: Context, flow: Flow, options: RunOptions, handoff: Hand
                 rows = ctx.store.read_changes(source, inc.start, inc.end)
             if kept is None and buckets and "bucket" in source.schema.fieldNames():  # a split run's rows only
                 rows = rows.where(F.col("bucket").isin(*sorted(set(buckets))))
-            batch = Batch(
-                rows, inc.start, inc.end, buckets, ctx.store.read, kept is not None, options.drain, ctx.store.read_since
-            )
-            out = transform(batch, config, figures)
+            run = RunOptions(buckets, options.drain)
+            out = transform(Batch(rows, inc.start, inc.end, run, declared(ctx, flow)), config, figures)
             if target.key not in flow.gated:
                 version = write(ctx, flow, out, inc.txn, buckets)
-            elif flow.merge is None:  # an append checks its rows as it writes them, where it can
-                version = gated_append(ctx, record, flow, out, inc.txn, buckets, figures.gate_params)
+            elif not isinstance(flow.write, Merge):  # an append checks its rows as it writes them, where it can
+                version = gated_append(ctx, record, flow, out, inc.txn, buckets, params)
             else:
-                out = gate_rows(ctx, record, target.key, out, inc.txn, figures.gate_params)
+                out = gate_rows(ctx, record, target.key, out, inc.txn, params)
                 version = write(ctx, flow, out, inc.txn, buckets)
             if flow.figures is not None:
                 flow.figures(out, config, figures)
             record.add(source_from=inc.start, source_to=inc.end)
-            if handoff is not None and flow.hands_off:
-                handoff.keep(target, version, out, figures.handed_over())
+            if handoff is not None and isinstance(flow.write, Append) and flow.write.hands_off:
+                handoff.keep(target, version, out, cached)
+                cached.clear()  # the handoff's to release now
                 handed_off = True
         finally:
             figures.release()
@@ -170,16 +186,17 @@ def run_whole(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
             return
         for spec in (source, target):
             ctx.store.ensure(spec)
-        figures = FlowRecord(record, ctx.say)
+        params: dict[str, Any] = {}
+        figures = FlowRecord(record, ctx.say, _suite_params=params)
         try:
             run = (ctx.store.txn_version(target, app) or 0) + 1
             version = ctx.store.version(source) or 0
-            batch = Batch(ctx.store.read(source), 0, version, None, ctx.store.read, drain=options.drain)
+            batch = Batch(ctx.store.read(source), 0, version, RunOptions(None, options.drain), declared(ctx, flow))
             out = transform(batch, config, figures)
             if out is None:
                 return
             if target.key in flow.gated:
-                out = gate_rows(ctx, record, target.key, out, AppTxn(app, run), figures.gate_params)
+                out = gate_rows(ctx, record, target.key, out, AppTxn(app, run), params)
             write(ctx, flow, out, AppTxn(app, run), None)
             if flow.figures is not None:
                 flow.figures(out, config, figures)
@@ -193,9 +210,10 @@ def run_whole(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
 def write(ctx: Context, flow: Flow, out: DataFrame, txn: AppTxn, buckets: Sequence[int] | None) -> int:
     """``out`` into ``flow``'s target with the app transaction ``txn``: appended, or MERGEd (an
     empty MERGE may not commit, so then the progress is recorded alone). The new version."""
-    target, rules = flow.targets[0], flow.merge
-    if rules is None:
+    target = flow.targets[0]
+    if not isinstance(flow.write, Merge):
         return ctx.store.append(target, out, [txn])
+    rules = flow.write.rules
     if out.isEmpty():
         return ctx.store.append(target, target.arrow_schema.empty_table(), [txn])
     return ctx.store.merge(
@@ -231,8 +249,8 @@ def run_stateful(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
     """One run of a flow with state: its source's new rows and its state -> the next state and
     the outbox published (see the module's docstring)."""
     transform, config, skip = configured(ctx, flow)
-    rules = flow.state
-    assert rules is not None, f"{flow.name} is not a state flow"
+    assert isinstance(flow.write, State), f"{flow.name} is not a state flow"
+    rules = flow.write.rules
     (source,), (out, state_table) = flow.sources, flow.targets
     app = app_id(flow.name, source)
 
@@ -261,7 +279,9 @@ def run_stateful(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
                 record.noop(f"no new rows in {source.key}" + (" and nothing buffered" if options.drain else ""))
                 return
             rows = inc.read(ctx.store) if inc else None
-            step = transform(StateBatch(state, rows, inc.end if inc else done, run, options.drain), config, figures)
+            step = transform(
+                StateBatch(state, rows, inc.end if inc else done, run, RunOptions(None, options.drain)), config, figures
+            )
             ctx.store.overwrite(state_table, step.state, [txn])
             if inc is not None:
                 record.add(source_from=inc.start, source_to=inc.end)

@@ -24,6 +24,7 @@ from bronze.events import BRONZE_EVENTS_COLUMNS, duplicate_keys, parse_events
 from bronze.landing import LANDING_COLUMNS, REASON, quarantined, valid
 from bronze.page_changes import BRONZE_PAGE_CHANGES_COLUMNS, parse_page_changes
 from pipelines.errors import InputError
+from pipelines.flows import flow_names
 from pipelines.runtime import quality
 from pipelines.runtime.eventlog import RunRecord
 from pipelines.runtime.progress import append_once
@@ -144,6 +145,48 @@ def _rows_by_file(rows: DataFrame) -> dict[str, int]:
     return {r["source_file"]: int(r["count"]) for r in rows.groupBy("source_file").count().collect()}
 
 
+def _files_to_land(
+    ctx: Context, record: RunRecord, kind: str, readable: Sequence[Path]
+) -> list[tuple[LandingFile, AppTxn]]:
+    """The files not landed before (by content), each with the app transaction that records it;
+    a file landed before, or twice in this call, is counted as skipped."""
+    target = KINDS[kind].target
+    files: list[tuple[LandingFile, AppTxn]] = []
+    for f in file_digests(ctx.spark, readable):
+        txn = AppTxn(f"medallion/ingest-file/{kind}/{f.digest}", 0)
+        seen = any(b.digest == f.digest for b, _ in files)
+        if seen or ctx.store.txn_version(target, txn.app_id) is not None:
+            record.incr(files_skipped=1)
+            continue
+        files.append((f, txn))
+    return files
+
+
+def _commit_files(
+    ctx: Context, target: TableSpec, files: Sequence[tuple[LandingFile, AppTxn]], landed: Landed
+) -> tuple[int, int]:
+    """The landed rows of ``files`` committed with their files' transactions; (good, quarantined)."""
+    # Quarantined rows per file (one small row per file): files with none get no
+    # quarantine commit. The good rows are only counted.
+    bad_by_file = _rows_by_file(landed.bad)
+    n_good, n_bad = landed.good.count(), sum(bad_by_file.values())
+    # As many files per commit as the engine records app transactions in one. Quarantine
+    # rows go first, under their own files' transactions, so a redo after a crash between
+    # the two commits finds them recorded and does not quarantine them twice.
+    step = ctx.store.max_txns_per_commit or len(files)
+    for i in range(0, len(files), step):
+        group = files[i : i + step]
+        bad = [
+            (b, t)
+            for b, t in group
+            if bad_by_file.get(str(b.path)) and ctx.store.txn_version(BRONZE_QUARANTINE, t.app_id) is None
+        ]
+        if bad:
+            ctx.store.append(BRONZE_QUARANTINE, landed.bad.where(_of(bad)), [t for _, t in bad])
+        append_once(ctx.store, target, landed.good.where(_of(group)), [t for _, t in group])
+    return n_good, n_bad
+
+
 def ingest_files(ctx: Context, kind: str, paths: Sequence[Path]) -> RunRecord:
     """Land JSON-lines / JSON-array files into bronze, idempotently per file content."""
     if kind not in KINDS:
@@ -159,14 +202,7 @@ def ingest_files(ctx: Context, kind: str, paths: Sequence[Path]) -> RunRecord:
         if refused:
             record.add(files_refused=len(refused))
         now = datetime.now(UTC)
-        files: list[tuple[LandingFile, AppTxn]] = []
-        for f in file_digests(ctx.spark, readable):
-            txn = AppTxn(f"medallion/ingest-file/{kind}/{f.digest}", 0)
-            seen = any(b.digest == f.digest for b, _ in files)
-            if seen or ctx.store.txn_version(target, txn.app_id) is not None:
-                record.incr(files_skipped=1)
-                continue
-            files.append((f, txn))
+        files = _files_to_land(ctx, record, kind, readable)
         if not files:
             record.noop("every file was landed before" if readable else "no file could be read")
             return
@@ -174,24 +210,7 @@ def ingest_files(ctx: Context, kind: str, paths: Sequence[Path]) -> RunRecord:
         landing = landing_rows(ctx.spark, [f for f, _ in files], now)
         landed = parse_landing(ctx, record, kind, landing)
         try:
-            # Quarantined rows per file (one small row per file): files with none get no
-            # quarantine commit. The good rows are only counted.
-            bad_by_file = _rows_by_file(landed.bad)
-            n_good, n_bad = landed.good.count(), sum(bad_by_file.values())
-            # As many files per commit as the engine records app transactions in one. Quarantine
-            # rows go first, under their own files' transactions, so a redo after a crash between
-            # the two commits finds them recorded and does not quarantine them twice.
-            step = ctx.store.max_txns_per_commit or len(files)
-            for i in range(0, len(files), step):
-                group = files[i : i + step]
-                bad = [
-                    (b, t)
-                    for b, t in group
-                    if bad_by_file.get(str(b.path)) and ctx.store.txn_version(BRONZE_QUARANTINE, t.app_id) is None
-                ]
-                if bad:
-                    ctx.store.append(BRONZE_QUARANTINE, landed.bad.where(_of(bad)), [t for _, t in bad])
-                append_once(ctx.store, target, landed.good.where(_of(group)), [t for _, t in group])
+            n_good, n_bad = _commit_files(ctx, target, files, landed)
         finally:
             landed.release()
         record.rows_in = n_good + n_bad
@@ -199,7 +218,7 @@ def ingest_files(ctx: Context, kind: str, paths: Sequence[Path]) -> RunRecord:
         record.add(files=len(files), quarantined=n_bad)
         ctx.say(f"landed {n_good:,} {kind} from {len(files)} file(s), {n_bad:,} quarantined")
 
-    record = run_job(ctx, f"ingest_file.{kind}", body)
+    record = run_job(ctx, flow_names.ingest_file(kind), body)
     if refused:
         path, why = next(iter(refused.items()))
         more = f" (and {len(refused) - 1} more file(s))" if len(refused) > 1 else ""
@@ -224,6 +243,51 @@ def topic_kinds(ctx: Context, topics: Sequence[str] | None = None) -> dict[str, 
     return {t: configured[t] for t in topics}
 
 
+def _land_topic(
+    ctx: Context,
+    record: RunRecord,
+    result: kafka.FlushResult,
+    kind: str,
+    topic: str,
+    messages: list[Any],
+    batch_id: str,
+    now: datetime,
+) -> None:
+    """One topic's messages of a flush landed, each partition's offsets committed with its rows."""
+    group = ctx.settings.kafka.group_id
+    # A flush's rows were born in this process (the consumer) and are bounded by
+    # --max-batch: they stay in Arrow so each partition's offsets commit with them.
+    good, bad = land_messages(ctx, record, kind, messages, batch_id, now)
+    last = kafka.last_offsets(messages)
+    # Positions come from the target's offsets alone; the quarantine's only keep a redo
+    # from quarantining a row twice, so a flush with nothing to quarantine skips its commit.
+    if bad.num_rows:
+        kafka.write_partitions_once(ctx.store, BRONZE_QUARANTINE, bad, last, group)
+    landed = kafka.write_partitions_once(ctx.store, KINDS[kind].target, good, last, group)
+    result.messages += len(messages)
+    result.landed[topic] = landed
+    result.quarantined += bad.num_rows
+    result.partitions += len(last)
+    record.add(**{f"topic.{topic}.messages": len(messages), f"topic.{topic}.landed": landed})
+
+
+def _flush_figures(
+    ctx: Context, record: RunRecord, result: kafka.FlushResult, by_topic: Mapping[str, list[Any]], batch_id: str
+) -> None:
+    """A flush's figures on its event-log row, and its progress line."""
+    record.rows_in = result.messages
+    record.rows_out = sum(result.landed.values())
+    record.add(quarantined=result.quarantined, partitions=result.partitions)
+    stamps = [t for ms in by_topic.values() for m in ms if (t := getattr(m, "timestamp", None) or 0) > 0]
+    if stamps:  # the Kafka time of the newest message landed: its age is what an operator alerts on
+        record.add(newest_timestamp=max(stamps) / 1000)
+    record.details = batch_id
+    ctx.say(
+        f"kafka: {result.messages:,} messages from {result.partitions} partition(s) -> "
+        f"{record.rows_out:,} landed, {result.quarantined:,} quarantined"
+    )
+
+
 def ingest_kafka(
     ctx: Context,
     topics: Sequence[str] | None = None,
@@ -235,7 +299,6 @@ def ingest_kafka(
 ) -> kafka.IngestStats:
     """Consume the topics as one member of the consumer group, landing each flush exactly once."""
     kinds = topic_kinds(ctx, topics)
-    group = ctx.settings.kafka.group_id
     for kind in set(kinds.values()):
         ctx.store.ensure(KINDS[kind].target)
     ctx.store.ensure(BRONZE_QUARANTINE)
@@ -248,34 +311,10 @@ def ingest_kafka(
             result = kafka.FlushResult()
             now = datetime.now(UTC)
             for topic, messages in by_topic.items():
-                target = KINDS[kinds[topic]].target
-                # A flush's rows were born in this process (the consumer) and are bounded by
-                # --max-batch: they stay in Arrow so each partition's offsets commit with them.
-                good, bad = land_messages(ctx, record, kinds[topic], messages, batch_id, now)
-                last = kafka.last_offsets(messages)
-                # Positions come from the target's offsets alone; the quarantine's only keep a redo
-                # from quarantining a row twice, so a flush with nothing to quarantine skips its commit.
-                if bad.num_rows:
-                    kafka.write_partitions_once(ctx.store, BRONZE_QUARANTINE, bad, last, group)
-                landed = kafka.write_partitions_once(ctx.store, target, good, last, group)
-                result.messages += len(messages)
-                result.landed[topic] = landed
-                result.quarantined += bad.num_rows
-                result.partitions += len(last)
-                record.add(**{f"topic.{topic}.messages": len(messages), f"topic.{topic}.landed": landed})
-            record.rows_in = result.messages
-            record.rows_out = sum(result.landed.values())
-            record.add(quarantined=result.quarantined, partitions=result.partitions)
-            stamps = [t for ms in by_topic.values() for m in ms if (t := getattr(m, "timestamp", None) or 0) > 0]
-            if stamps:  # the Kafka time of the newest message landed: its age is what an operator alerts on
-                record.add(newest_timestamp=max(stamps) / 1000)
-            record.details = batch_id
-            ctx.say(
-                f"kafka: {result.messages:,} messages from {result.partitions} partition(s) -> "
-                f"{record.rows_out:,} landed, {result.quarantined:,} quarantined"
-            )
+                _land_topic(ctx, record, result, kinds[topic], topic, messages, batch_id, now)
+            _flush_figures(ctx, record, result, by_topic, batch_id)
 
-        run_job(ctx, "ingest.kafka", body)
+        run_job(ctx, flow_names.INGEST_KAFKA, body)
         return result
 
     ingestor = kafka.KafkaIngestor(

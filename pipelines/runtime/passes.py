@@ -4,7 +4,7 @@
 :mod:`pipelines.runtime.exports`, a state flow, a whole-source flow and an incremental one to
 :mod:`pipelines.runtime.incremental`. :func:`run_pass` runs flows one after another as ``medallion
 run`` does, sharing what the pass keeps between them. The functions below it run one flow once, for
-tests, the bench and notebooks: ``silver_events(ctx)`` is ``run_flow(ctx, "silver.events")``.
+tests, the bench and notebooks: ``silver_events(ctx)`` is ``run_flow(ctx, flow_names.SILVER_EVENTS)``.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Sequence
 
 from pipelines.errors import InputError
-from pipelines.flows import flow
+from pipelines.flows import flow, flow_names
 from pipelines.runtime.eventlog import RunRecord
 from pipelines.runtime.exports import run_export
-from pipelines.runtime.flow_types import Flow, RunOptions
+from pipelines.runtime.flow_types import Export, Flow, Ingest, RunOptions, State
 from pipelines.runtime.incremental import Handoff, run_incremental, run_stateful, run_whole
 from pipelines.runtime.runner import Context
 
@@ -25,11 +25,11 @@ Execute = Callable[[Context, Flow, RunOptions, Handoff], RunRecord]
 
 def execute(ctx: Context, f: Flow, options: RunOptions, handoff: Handoff | None = None) -> RunRecord:
     """One run of ``f`` by its runner; ``handoff``: what the pass keeps between its flows."""
-    if f.mode == "export":
-        return run_export(ctx, f, options)
-    if f.transform is None:
+    if isinstance(f.write, Ingest) or f.transform is None:
         raise InputError(f"{f.name} is started by medallion ingest or serve, not run")
-    if f.state is not None:
+    if isinstance(f.write, Export):
+        return run_export(ctx, f, options)
+    if isinstance(f.write, State):
         return run_stateful(ctx, f, options)
     if f.reads == "all":
         return run_whole(ctx, f, options)
@@ -62,50 +62,50 @@ def run_flow(ctx: Context, name: str, buckets: Sequence[int] | None = None, drai
 
 
 def silver_events(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
-    return run_flow(ctx, "silver.events", buckets)
+    return run_flow(ctx, flow_names.SILVER_EVENTS, buckets)
 
 
 def silver_page_changes(ctx: Context, drain: bool = False) -> RunRecord:
-    return run_flow(ctx, "silver.page_changes", drain=drain)
+    return run_flow(ctx, flow_names.SILVER_PAGE_CHANGES, drain=drain)
 
 
 def gold_partials(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
-    return run_flow(ctx, "gold.partials", buckets)
+    return run_flow(ctx, flow_names.GOLD_PARTIALS, buckets)
 
 
 def gold_merge(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
-    return run_flow(ctx, "gold.merge", buckets)
+    return run_flow(ctx, flow_names.GOLD_MERGE, buckets)
 
 
 def gold_property_values(ctx: Context, buckets: Sequence[int] | None = None) -> tuple[RunRecord, RunRecord]:
     """Stage 1 then stage 2 in one pass, stage 2 merging stage 1's partials from memory."""
-    first, second = run_pass(ctx, [flow("gold.partials"), flow("gold.merge")], buckets)
+    first, second = run_pass(ctx, [flow(flow_names.GOLD_PARTIALS), flow(flow_names.GOLD_MERGE)], buckets)
     return first, second
 
 
 def export_property_values(ctx: Context, drain: bool = False) -> RunRecord:
-    return run_flow(ctx, "export.clickhouse", drain=drain)
+    return run_flow(ctx, flow_names.EXPORT_CLICKHOUSE, drain=drain)
 
 
 def silver_metric_panes(ctx: Context, drain: bool = False) -> RunRecord:
-    return run_flow(ctx, "silver.metric_panes", drain=drain)
+    return run_flow(ctx, flow_names.SILVER_METRIC_PANES, drain=drain)
 
 
 def gold_metric_windows(ctx: Context) -> RunRecord:
-    return run_flow(ctx, "gold.metric_windows")
+    return run_flow(ctx, flow_names.GOLD_METRIC_WINDOWS)
 
 
 def gold_counter_partials(ctx: Context) -> RunRecord:
-    return run_flow(ctx, "gold.counter_partials")
+    return run_flow(ctx, flow_names.GOLD_COUNTER_PARTIALS)
 
 
 def gold_counters(ctx: Context, drain: bool = False) -> RunRecord:
-    return run_flow(ctx, "gold.counters", drain=drain)
+    return run_flow(ctx, flow_names.GOLD_COUNTERS, drain=drain)
 
 
 def counter_milestones(ctx: Context) -> RunRecord:
-    return run_flow(ctx, "gold.counter_milestones")
+    return run_flow(ctx, flow_names.GOLD_COUNTER_MILESTONES)
 
 
 def export_counters(ctx: Context) -> RunRecord:
-    return run_flow(ctx, "export.counters")
+    return run_flow(ctx, flow_names.EXPORT_COUNTERS)

@@ -14,7 +14,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 from pipelines import flows
 from pipelines.app.report.collect import FlowNode, Report, Table, registry_tables
 from pipelines.app.report.graph import age, svg
-from pipelines.runtime.flow_types import Flow
+from pipelines.runtime.flow_types import Append, Flow
 from pipelines.runtime.tables import SILVER_EVENTS
 from pipelines.storage import TableSpec
 
@@ -64,7 +64,7 @@ def test_no_two_nodes_overlap_and_the_drawing_holds_them_all() -> None:
 
 def test_a_flow_added_to_the_registry_is_drawn(monkeypatch: pytest.MonkeyPatch) -> None:
     names = TableSpec("gold", "event_names", StructType([StructField("events", LongType())]))
-    example = Flow("gold.event_names", "gold", (SILVER_EVENTS,), (names,), "append", "events per name")
+    example = Flow("gold.event_names", "gold", (SILVER_EVENTS,), (names,), Append(), "events per name")
     monkeypatch.setattr(flows, "FLOWS", (*flows.FLOWS, example))
     root = drawn(report())
     assert "gold/event_names" in {g.get("data-table") for g in groups(root, "table-node")}

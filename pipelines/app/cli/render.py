@@ -11,6 +11,7 @@ from typing import Any
 from rich.table import Table
 
 from pipelines.app.cli.base import console
+from pipelines.flows import flow_names
 
 
 def print_counters(c: dict[str, Any] | None) -> None:
@@ -128,7 +129,8 @@ def print_flows(ctx: Any | None) -> None:
     for col in ("flow", "stage", "reads", "writes", "mode", *columns):
         t.add_column(col, justify="right" if col in ("in", "out", "repeats dropped") else "left")
     for f in flows.FLOWS:
-        reads = ", ".join([s.key for s in f.sources] + ([f.external_source] if f.external_source else []))
+        read = [*f.sources, *(s for s in f.lookups if s not in f.sources)]
+        reads = ", ".join([s.key for s in read] + ([f.external_source] if f.external_source else []))
         writes = ", ".join([s.key for s in f.targets] + ([f.external_target] if f.external_target else []))
         mode = f.mode + (", by bucket" if f.by_bucket else "")
         cells = [f.name, f.stage, reads, writes, mode]
@@ -212,7 +214,7 @@ def print_buckets(ctx: Any) -> None:
     if ctx.store.version(SILVER_EVENTS) is None:
         return
     latest = ctx.store.version(BRONZE_EVENTS) or 0
-    all_done = ctx.store.txn_version(SILVER_EVENTS, app_id("silver.events", BRONZE_EVENTS))
+    all_done = ctx.store.txn_version(SILVER_EVENTS, app_id(flow_names.SILVER_EVENTS, BRONZE_EVENTS))
     rows = (
         ctx.store.read(SILVER_EVENTS)
         .groupBy("bucket")
@@ -229,7 +231,7 @@ def print_buckets(ctx: Any) -> None:
     for col in ("bucket", "events", "teams", "newest event", "newest ingest", "bronze commits behind"):
         t.add_column(col, justify="left" if col.startswith("newest") else "right")
     for r in rows:
-        own = ctx.store.txn_version(SILVER_EVENTS, app_id("silver.events", BRONZE_EVENTS, [r["bucket"]]))
+        own = ctx.store.txn_version(SILVER_EVENTS, app_id(flow_names.SILVER_EVENTS, BRONZE_EVENTS, [r["bucket"]]))
         done = max(v for v in (all_done, own, -1) if v is not None)
         t.add_row(
             str(r["bucket"]),

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.table import Table
 
 from pipelines.app.cli.base import State, cli, console, say_step
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 # -- buckets ------------------------------------------------------------------------------------
@@ -202,18 +206,7 @@ def bench(
     from pipelines.dev.bench.run import run_bench
 
     if freshness_rates is not None:
-        from pipelines.dev.bench.freshness import run_freshness
-
-        try:
-            rates = [int(r) for r in freshness_rates.split(",") if r.strip()]
-        except ValueError:
-            rates = []
-        if not rates or min(rates) < 1:
-            raise click.BadParameter("give positive whole events/s, e.g. 1000,5000", param_hint="--freshness")
-        out = out_dir or Path("bench-results") / "freshness"
-        run_freshness(out, rates, minutes, say=say_step)
-        console.print((out / "freshness.md").read_text())
-        say_step(f"freshness done: {out}/freshness.md, freshness.json, freshness.png")
+        _bench_freshness(freshness_rates, out_dir or Path("bench-results") / "freshness", minutes)
         return
     if soak_minutes is not None:
         from pipelines.dev.bench.soak import run_soak
@@ -228,14 +221,7 @@ def bench(
     spark = build_spark(state.settings)
     runs = repeats or {"XS": 1, "S": 2, "M": 3, "L": 1}[size]
     if only == "dedup":
-        from pipelines.dev.bench.dedup import run_dedup
-        from pipelines.dev.bench.workloads import SCALED_SIZES
-
-        # every scaled size up to --size (XS, outside them, alone)
-        sizes = list(SCALED_SIZES[: SCALED_SIZES.index(size) + 1]) if size in SCALED_SIZES else [size]
-        result = run_dedup(sizes, out, spark, repeats or 3, say=say_step)
-        console.print((out / "dedup.md").read_text())
-        say_step(f"dedup bench done in {result['wall_seconds']:,} s: {out}/dedup.md, dedup.json, dedup.png")
+        _bench_dedup(size, out, spark, repeats or 3)
         return
     if only == "ingest":
         from pipelines.dev.bench.ingest import run_ingest
@@ -245,3 +231,30 @@ def bench(
         result = run_bench(size, out, spark, runs, say=say_step)
     console.print((out / "bench.md").read_text())
     say_step(f"bench {size} done in {result['wall_seconds']:,} s: {out}/bench.md, bench.json, bench.png")
+
+
+def _bench_freshness(rates_text: str, out: Path, minutes: float) -> None:
+    """``medallion bench --freshness RATES``: lag under load at each rate (events/s)."""
+    from pipelines.dev.bench.freshness import run_freshness
+
+    try:
+        rates = [int(r) for r in rates_text.split(",") if r.strip()]
+    except ValueError:
+        rates = []
+    if not rates or min(rates) < 1:
+        raise click.BadParameter("give positive whole events/s, e.g. 1000,5000", param_hint="--freshness")
+    run_freshness(out, rates, minutes, say=say_step)
+    console.print((out / "freshness.md").read_text())
+    say_step(f"freshness done: {out}/freshness.md, freshness.json, freshness.png")
+
+
+def _bench_dedup(size: str, out: Path, spark: SparkSession, repeats: int) -> None:
+    """``medallion bench --only dedup``: silver with deduplication on and off, at every scaled size
+    up to ``size`` (XS, outside them, alone)."""
+    from pipelines.dev.bench.dedup import run_dedup
+    from pipelines.dev.bench.workloads import SCALED_SIZES
+
+    sizes = list(SCALED_SIZES[: SCALED_SIZES.index(size) + 1]) if size in SCALED_SIZES else [size]
+    result = run_dedup(sizes, out, spark, repeats, say=say_step)
+    console.print((out / "dedup.md").read_text())
+    say_step(f"dedup bench done in {result['wall_seconds']:,} s: {out}/dedup.md, dedup.json, dedup.png")

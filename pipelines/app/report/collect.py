@@ -198,7 +198,7 @@ def _columns(schema: StructType) -> list[tuple[str, str, bool]]:
 def _table(ctx: Context, spec: TableSpec) -> Table:
     t = Table(spec.key, spec.description, time_column=TIME_COLUMNS.get(spec.key))
     t.writers = [f.name for f in registry.FLOWS if spec in f.targets]
-    t.readers = [f.name for f in registry.FLOWS if spec in f.sources]
+    t.readers = [f.name for f in registry.FLOWS if spec in f.sources or spec in f.lookups]
     stats = ctx.store.stats(spec)
     if stats.version is None:
         t.schema = _columns(spec.schema)

@@ -50,65 +50,18 @@ def build(ctx: Context, report: Report, out: Path) -> str | None:
         return None
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     import great_expectations as gx
-    from great_expectations.core import ExpectationSuiteValidationResult, ExpectationValidationResult
-    from great_expectations.core.run_identifier import RunIdentifier
-    from great_expectations.data_context.types.resource_identifiers import (
-        ExpectationSuiteIdentifier,
-        ValidationResultIdentifier,
-    )
-
-    from pipelines.runtime import quality
 
     for name in ("great_expectations", "great_expectations.data_context"):
         logging.getLogger(name).setLevel(logging.WARNING)
     context: Any = gx.get_context(mode="file", project_root_dir=str(out / "gx"))
     site = out / "gx" / "gx" / "uncommitted" / "data_docs" / "local_site"
-    newest: dict[str, ValidationResultIdentifier] = {}
+    newest: dict[str, Any] = {}
     for table, runs in validations.items():
-        suite = quality.suite_for(ctx, table)
-        name = _suite_name(table)
-        configs = {}
-        expectations = []
-        for check in suite.checks:
-            e = check.expectation.copy(
-                update={"meta": {"medallion_check": check.name, "policy": check.policy, "notes": check.description}},
-                deep=True,
-            )
-            expectations.append(e)
-        stored = context.suites.add_or_update(gx.ExpectationSuite(name=name, expectations=expectations))
-        for e in stored.expectations:
-            configs[(e.meta or {}).get("medallion_check")] = e.configuration
+        configs = _store_suite(context, ctx, table)
         for run, results in runs:
-            gx_results = list(_results(results, configs, ExpectationValidationResult))
-            if not gx_results:
-                continue
-            passed = sum(r.success for r in gx_results)
-            run_id = RunIdentifier(run_name=slug(f"{run.job}-{run.run_id}"), run_time=run.started_at)
-            result = ExpectationSuiteValidationResult(
-                success=passed == len(gx_results),
-                results=gx_results,
-                suite_name=name,
-                statistics={
-                    "evaluated_expectations": len(gx_results),
-                    "successful_expectations": passed,
-                    "unsuccessful_expectations": len(gx_results) - passed,
-                    "success_percent": 100.0 * passed / len(gx_results),
-                },
-                meta={
-                    "run_id": run_id,
-                    "batch_spec": {"data_asset_name": table},
-                    "active_batch_definition": {"data_asset_name": table},
-                    "validation_time": run.started_at.isoformat() if run.started_at else None,
-                    "medallion_job": run.job,
-                },
-            )
-            key = ValidationResultIdentifier(
-                expectation_suite_identifier=ExpectationSuiteIdentifier(name=name),
-                run_id=run_id,
-                batch_identifier=name,
-            )
-            context.validation_results_store.set(key, result)
-            newest.setdefault(table, key)
+            key = _store_run(context, table, run, results, configs)
+            if key is not None:
+                newest.setdefault(table, key)
     context.build_data_docs()
     for table, key in newest.items():
         if table in report.tables:
@@ -117,6 +70,62 @@ def build(ctx: Context, report: Report, out: Path) -> str | None:
             if page.exists():
                 report.tables[table].gx_page = page.relative_to(out).as_posix()
     return (site / "index.html").relative_to(out).as_posix()
+
+
+def _store_suite(context: Any, ctx: Context, table: str) -> dict[Any, Any]:
+    """``table``'s suite stored in GX's context, as GX expectations that name our checks; returns
+    check name -> its GX expectation configuration."""
+    import great_expectations as gx
+
+    from pipelines.runtime import quality
+
+    expectations = []
+    for check in quality.suite_for(ctx, table).checks:
+        meta = {"medallion_check": check.name, "policy": check.policy, "notes": check.description}
+        expectations.append(check.expectation.copy(update={"meta": meta}, deep=True))
+    stored = context.suites.add_or_update(gx.ExpectationSuite(name=_suite_name(table), expectations=expectations))
+    return {(e.meta or {}).get("medallion_check"): e.configuration for e in stored.expectations}
+
+
+def _store_run(context: Any, table: str, run: Run, results: list[Result], configs: dict[Any, Any]) -> Any:
+    """One run's results for ``table`` stored in GX's context as a validation result; its key (None
+    when none of its results is for a check the suite still has)."""
+    from great_expectations.core import ExpectationSuiteValidationResult, ExpectationValidationResult
+    from great_expectations.core.run_identifier import RunIdentifier
+    from great_expectations.data_context.types.resource_identifiers import (
+        ExpectationSuiteIdentifier,
+        ValidationResultIdentifier,
+    )
+
+    name = _suite_name(table)
+    gx_results = list(_results(results, configs, ExpectationValidationResult))
+    if not gx_results:
+        return None
+    passed = sum(r.success for r in gx_results)
+    run_id = RunIdentifier(run_name=slug(f"{run.job}-{run.run_id}"), run_time=run.started_at)
+    result = ExpectationSuiteValidationResult(
+        success=passed == len(gx_results),
+        results=gx_results,
+        suite_name=name,
+        statistics={
+            "evaluated_expectations": len(gx_results),
+            "successful_expectations": passed,
+            "unsuccessful_expectations": len(gx_results) - passed,
+            "success_percent": 100.0 * passed / len(gx_results),
+        },
+        meta={
+            "run_id": run_id,
+            "batch_spec": {"data_asset_name": table},
+            "active_batch_definition": {"data_asset_name": table},
+            "validation_time": run.started_at.isoformat() if run.started_at else None,
+            "medallion_job": run.job,
+        },
+    )
+    key = ValidationResultIdentifier(
+        expectation_suite_identifier=ExpectationSuiteIdentifier(name=name), run_id=run_id, batch_identifier=name
+    )
+    context.validation_results_store.set(key, result)
+    return key
 
 
 def _results(results: Iterable[Result], configs: dict[Any, Any], cls: Any) -> Iterable[Any]:

@@ -6,6 +6,7 @@ import bisect
 import json
 import random
 from collections.abc import Iterator, Sequence
+from itertools import accumulate
 from typing import Any
 
 from pipelines.demo.synthetic.common import EventsSpec, _check_share, _Clock, _uuid4, _Zipf
@@ -28,6 +29,9 @@ _EVENT_NAMES: tuple[tuple[str, int], ...] = (
     ("invite_sent", 1),
     ("subscription_started", 1),
 )
+_EVENT_NAME_LIST = tuple(name for name, _ in _EVENT_NAMES)
+# Cumulative weights, so a weighted pick is one randrange and one bisect.
+_EVENT_CUM_WEIGHTS = tuple(accumulate(weight for _, weight in _EVENT_NAMES))
 
 _BROWSERS = ["Chrome", "Safari", "Firefox", "Edge", "Samsung Internet", "Chrome iOS", "Opera", "Firefox iOS"]
 _PLANS = ["free", "pro", "team", "enterprise"]
@@ -210,12 +214,7 @@ def _group_value(key: str, group_type: str, group: int, rng: random.Random) -> A
     return f"2023-{rng.randint(10, 12)}-{rng.randint(10, 28)}"  # created_at
 
 
-def generate_events(spec: EventsSpec) -> Iterator[dict[str, Any]]:
-    """Yields ``spec.events`` PostHog-style events in (roughly) timestamp order.
-
-    Each event has ``uuid``, ``event``, ``team_id``, ``distinct_id``, ``timestamp`` (ISO-8601, "Z")
-    and ``properties`` (an object, or for ~2% of events the JSON text of one).
-    """
+def _check_spec(spec: EventsSpec) -> None:
     if spec.events < 0 or spec.teams < 1 or spec.keys < 1 or spec.values_per_key < 1:
         raise ValueError("events must be >= 0 and teams, keys and values_per_key >= 1")
     if spec.span_seconds < 1:
@@ -225,19 +224,86 @@ def generate_events(spec: EventsSpec) -> Iterator[dict[str, Any]]:
     if spec.person_share + spec.group_share > 1.0:
         raise ValueError("person_share + group_share must not exceed 1")
 
+
+class _Population:
+    """Teams and users with their Zipf samplers, built once per spec."""
+
+    __slots__ = ("distinct_ids", "team_ids", "team_zipf", "user_zipf")
+
+    def __init__(self, spec: EventsSpec, rng: random.Random) -> None:
+        # Shuffle rank -> team id so the busiest team is not always team 1.
+        self.team_ids = list(range(1, spec.teams + 1))
+        rng.shuffle(self.team_ids)
+        self.team_zipf = _Zipf(spec.teams, spec.team_skew)
+        users = max(100, spec.events // 10)
+        self.user_zipf = _Zipf(users, 1.0)
+        self.distinct_ids = [_uuid4(rng) for _ in range(users)]
+
+    def draw(self, rng: random.Random) -> tuple[int, int]:
+        """A team id and a user rank (an index into ``distinct_ids``), team first."""
+        team_id = self.team_ids[self.team_zipf.draw(rng)]
+        return team_id, self.user_zipf.draw(rng)
+
+
+def _event_offset(even_ms: int, span_ms: int, rng: random.Random) -> int:
+    """An event's time in ms after the start: its evenly spaced slot ``even_ms``, jittered, and for a
+    few stragglers up to a minute earlier, so timestamps are only roughly in order; clamped to the span."""
+    offset = even_ms + rng.randint(-_JITTER_MS, _JITTER_MS)
+    if rng.random() < _STRAGGLER_SHARE:
+        offset -= rng.randint(0, _STRAGGLER_MS)
+    return min(max(offset, 0), span_ms - 1)
+
+
+def _group_identify_properties(vocab: _EventVocabulary, team_id: int, rng: random.Random) -> dict[str, Any]:
+    """Properties of a ``$groupidentify`` event: a few ordinary ones plus the group and what it sets."""
+    group_type, index = _GROUP_TYPES[rng.randrange(len(_GROUP_TYPES))]
+    group = rng.randrange(_GROUPS_PER_TYPE)
+    props = vocab.properties(rng.randint(1, 3), rng)
+    props["$group_type"] = group_type
+    props["$group_type_index"] = index
+    props["$group_key"] = f"{group_type}:{team_id}:{group}"
+    props["$group_set"] = {
+        key: _group_value(key, group_type, group, rng) for key in rng.sample(_GROUP_SET_KEYS, rng.randint(1, 3))
+    }
+    return props
+
+
+def _add_person_properties(props: dict[str, Any], user: int, rng: random.Random) -> None:
+    # Both kinds, alone and together, so person merges see $set_once next to $set.
+    which = rng.random()
+    if which < 0.8:
+        props["$set"] = _person_entries(_PERSON_SET_KEYS, user, rng)
+    if which >= 0.45:
+        props["$set_once"] = _person_entries(_PERSON_SET_ONCE_KEYS, user, rng)
+
+
+def _name_and_properties(
+    vocab: _EventVocabulary, team_id: int, user: int, group_cut: float, person_cut: float, rng: random.Random
+) -> tuple[str, dict[str, Any]]:
+    """One draw below ``group_cut`` makes a ``$groupidentify``; otherwise a weighted product event,
+    which below ``person_cut`` also carries person properties."""
+    kind = rng.random()
+    if kind < group_cut:
+        return "$groupidentify", _group_identify_properties(vocab, team_id, rng)
+    name = _EVENT_NAME_LIST[bisect.bisect_right(_EVENT_CUM_WEIGHTS, rng.randrange(_EVENT_CUM_WEIGHTS[-1]))]
+    props = vocab.properties(rng.randint(3, 12), rng)
+    if kind < person_cut:
+        _add_person_properties(props, user, rng)
+    return name, props
+
+
+def generate_events(spec: EventsSpec) -> Iterator[dict[str, Any]]:
+    """Yields ``spec.events`` PostHog-style events in (roughly) timestamp order.
+
+    Each event has ``uuid``, ``event``, ``team_id``, ``distinct_id``, ``timestamp`` (ISO-8601, "Z")
+    and ``properties`` (an object, or for ~2% of events the JSON text of one).
+    """
+    _check_spec(spec)
+    # One rng, drawn from in a fixed order (vocabulary, population, then per event: uuid, team,
+    # user, time, name and properties, string form): that order is what makes the output reproducible.
     rng = random.Random(spec.seed)
     vocab = _EventVocabulary(spec, rng)
-    # Shuffle rank -> team id so the busiest team is not always team 1.
-    team_ids = list(range(1, spec.teams + 1))
-    rng.shuffle(team_ids)
-    team_zipf = _Zipf(spec.teams, spec.team_skew)
-    users = max(100, spec.events // 10)
-    user_zipf = _Zipf(users, 1.0)
-    distinct_ids = [_uuid4(rng) for _ in range(users)]
-    event_names = [name for name, _ in _EVENT_NAMES]
-    event_cum: list[int] = []
-    for _, weight in _EVENT_NAMES:
-        event_cum.append((event_cum[-1] if event_cum else 0) + weight)
+    population = _Population(spec, rng)
     clock = _Clock(spec.start)
     span_ms = spec.span_seconds * 1000
     step_ms = span_ms / max(spec.events, 1)
@@ -246,36 +312,9 @@ def generate_events(spec: EventsSpec) -> Iterator[dict[str, Any]]:
 
     for i in range(spec.events):
         event_uuid = _uuid4(rng)
-        team_id = team_ids[team_zipf.draw(rng)]
-        user = user_zipf.draw(rng)
-        offset = int(i * step_ms) + rng.randint(-_JITTER_MS, _JITTER_MS)
-        if rng.random() < _STRAGGLER_SHARE:
-            offset -= rng.randint(0, _STRAGGLER_MS)
-        offset = min(max(offset, 0), span_ms - 1)
-
-        kind = rng.random()
-        if kind < group_cut:
-            name = "$groupidentify"
-            group_type, index = _GROUP_TYPES[rng.randrange(len(_GROUP_TYPES))]
-            group = rng.randrange(_GROUPS_PER_TYPE)
-            props = vocab.properties(rng.randint(1, 3), rng)
-            props["$group_type"] = group_type
-            props["$group_type_index"] = index
-            props["$group_key"] = f"{group_type}:{team_id}:{group}"
-            props["$group_set"] = {
-                key: _group_value(key, group_type, group, rng) for key in rng.sample(_GROUP_SET_KEYS, rng.randint(1, 3))
-            }
-        else:
-            name = event_names[bisect.bisect_right(event_cum, rng.randrange(event_cum[-1]))]
-            props = vocab.properties(rng.randint(3, 12), rng)
-            if kind < person_cut:
-                # Both kinds, alone and together, so person merges see $set_once next to $set.
-                which = rng.random()
-                if which < 0.8:
-                    props["$set"] = _person_entries(_PERSON_SET_KEYS, user, rng)
-                if which >= 0.45:
-                    props["$set_once"] = _person_entries(_PERSON_SET_ONCE_KEYS, user, rng)
-
+        team_id, user = population.draw(rng)
+        offset = _event_offset(int(i * step_ms), span_ms, rng)
+        name, props = _name_and_properties(vocab, team_id, user, group_cut, person_cut, rng)
         properties: dict[str, Any] | str = props
         if rng.random() < _STRING_PROPERTIES_SHARE:
             properties = json.dumps(props, separators=(",", ":"), ensure_ascii=False)
@@ -283,7 +322,7 @@ def generate_events(spec: EventsSpec) -> Iterator[dict[str, Any]]:
             "uuid": event_uuid,
             "event": name,
             "team_id": team_id,
-            "distinct_id": distinct_ids[user],
+            "distinct_id": population.distinct_ids[user],
             "timestamp": clock.millis(offset),
             "properties": properties,
         }

@@ -3,215 +3,27 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 from pipelines.demo.synthetic.common import PageChangesSpec, _check_share, _Clock, _sha1_base36, _uuid4, _Zipf
-
-# --------------------------------------------------------------------------------------------------
-# Page changes
-
-_PAGE_SKEW = 0.9  # Zipf exponent of page activity
-_BURST_SHARE = 0.4  # share of a page's follow-up changes that come right after the previous one
-_BURST_MEAN_SECONDS = 60.0
-_VISIBILITY_RATE = 0.01
-_MOVE_RATE = 0.01
-_MINOR_EDIT_RATE = 0.3
-_EDITORS = 500
-_BOT_SHARE = 0.05
-
-_KNOWN_DOMAINS = {
-    "enwiki": "en.wikipedia.org",
-    "dewiki": "de.wikipedia.org",
-    "commonswiki": "commons.wikimedia.org",
-    "wikidatawiki": "www.wikidata.org",
-    "testwikidatawiki": "test.wikidata.org",
-}
-_TITLE_WORDS = (
-    "River", "Castle", "Theorem", "Festival", "Railway", "Garden", "Museum", "Bridge", "Island",
-    "Orchestra", "Valley", "Library", "Comet", "Harbour", "Treaty", "Lighthouse", "Forest", "Quartet",
-)  # fmt: skip
-_EDIT_SUMMARIES = (
-    "copyedit",
-    "fix typo",
-    "Added reference",
-    "Updated infobox",
-    "clean up",
-    "/* History */ expand section",
-    "",
+from pipelines.demo.synthetic.page_change_records import (
+    _BURST_MEAN_SECONDS,
+    _BURST_SHARE,
+    _EDIT_SUMMARIES,
+    _MINOR_EDIT_RATE,
+    _MOVE_RATE,
+    _PAGE_SKEW,
+    _TITLE_WORDS,
+    _VISIBILITY_RATE,
+    _Change,
+    _Editor,
+    _editors,
+    _is_wikibase,
+    _page_change_json,
+    _Revision,
 )
-
-
-def _domain(wiki: str) -> str:
-    if wiki in _KNOWN_DOMAINS:
-        return _KNOWN_DOMAINS[wiki]
-    stem = wiki.removesuffix("wiki")
-    return f"{stem}.wikipedia.org"
-
-
-def _is_wikibase(wiki: str) -> bool:
-    return wiki.endswith("wikidatawiki")
-
-
-@dataclass(frozen=True, slots=True)
-class _Editor:
-    user_text: str
-    user_id: int
-    groups: tuple[str, ...]
-    is_bot: bool
-    registration_dt: str
-    edit_count: int
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "user_text": self.user_text,
-            "groups": list(self.groups),
-            "is_bot": self.is_bot,
-            "is_system": False,
-            "is_temp": False,
-            "user_id": self.user_id,
-            "registration_dt": self.registration_dt,
-            "edit_count": self.edit_count,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class _Revision:
-    """One revision as the events that mention it see it; frozen because a duplicate must rebuild the
-    very same JSON after later changes (say a visibility change) have moved the page on."""
-
-    rev_id: int
-    rev_dt: str
-    is_minor_edit: bool
-    rev_sha1: str
-    rev_size: int
-    rev_parent_id: int | None
-    comment: str
-    editor: _Editor
-    origin_rev_id: int
-    is_comment_visible: bool = True
-
-    def as_json(self, wiki: str) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "rev_id": self.rev_id,
-            "rev_dt": self.rev_dt,
-            "is_minor_edit": self.is_minor_edit,
-            "rev_sha1": self.rev_sha1,
-            "rev_size": self.rev_size,
-        }
-        if self.rev_parent_id is not None:
-            out["rev_parent_id"] = self.rev_parent_id
-        if self.is_comment_visible:
-            out["comment"] = self.comment
-        wikibase = _is_wikibase(wiki)
-        out["editor"] = self.editor.as_json()
-        out["is_content_visible"] = True
-        out["is_editor_visible"] = True
-        out["is_comment_visible"] = self.is_comment_visible
-        out["content_slots"] = {
-            "main": {
-                "slot_role": "main",
-                "content_model": "wikibase-item" if wikibase else "wikitext",
-                "content_sha1": self.rev_sha1,
-                "content_size": self.rev_size,
-                "content_format": "application/json" if wikibase else "text/x-wiki",
-                "origin_rev_id": self.origin_rev_id,
-            }
-        }
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class _Change:
-    """Everything needed to rebuild one page-change event's JSON, identically, as often as needed."""
-
-    offset: int  # event time, seconds after the start
-    kind: str
-    wiki: str
-    page_id: int
-    title: str
-    revision: _Revision
-    performer: _Editor
-    meta_id: str
-    request_id: str
-    prior_revision: _Revision | None = None
-    prior_title: str | None = None
-    comment: str | None = None
-    revision_count: int | None = None
-
-
-_CHANGELOG_KIND = {
-    "create": "insert",
-    "undelete": "insert",
-    "delete": "delete",
-    "edit": "update",
-    "move": "update",
-    "visibility_change": "update",
-}
-
-
-def _page_change_json(change: _Change, clock: _Clock) -> dict[str, Any]:
-    dt = clock.seconds(change.offset)
-    domain = _domain(change.wiki)
-    page: dict[str, Any] = {
-        "page_id": change.page_id,
-        "page_title": change.title,
-        "namespace_id": 0,
-        "is_redirect": False,
-    }
-    if change.revision_count is not None:
-        page["revision_count"] = change.revision_count
-    out: dict[str, Any] = {
-        "changelog_kind": _CHANGELOG_KIND[change.kind],
-        "page_change_kind": change.kind,
-        "dt": dt,
-        "wiki_id": change.wiki,
-        "page": page,
-        "performer": change.performer.as_json(),
-    }
-    if change.comment is not None:
-        out["comment"] = change.comment
-    out["revision"] = change.revision.as_json(change.wiki)
-    if change.kind == "visibility_change":
-        out["prior_state"] = {"revision": {"is_comment_visible": True}}
-    elif change.prior_revision is not None:
-        prior: dict[str, Any] = {"revision": change.prior_revision.as_json(change.wiki)}
-        if change.prior_title is not None:
-            prior = {"page": {"page_title": change.prior_title, "namespace_id": 0}, **prior}
-        out["prior_state"] = prior
-    out["$schema"] = "/mediawiki/page/change/1.2.0"
-    out["meta"] = {
-        "stream": "mediawiki.page_change.v1",
-        "uri": f"https://{domain}/wiki/{change.title}",
-        "id": change.meta_id,
-        "request_id": change.request_id,
-        "domain": domain,
-        "dt": dt,
-    }
-    return out
-
-
-def _editors(rng: random.Random, clock: _Clock) -> list[_Editor]:
-    editors: list[_Editor] = []
-    for n in range(_EDITORS):
-        bot = rng.random() < _BOT_SHARE
-        groups = ("bot", "*", "user", "autoconfirmed") if bot else ("*", "user", "autoconfirmed")
-        if not bot and rng.random() < 0.05:
-            groups = ("sysop", *groups)
-        # Registration years before the stream starts: negative offsets from its start.
-        registered = clock.seconds(-rng.randrange(30 * 86_400, 15 * 365 * 86_400))
-        editors.append(
-            _Editor(
-                user_text=f"SyncBot{n}" if bot else f"Editor{n}",
-                user_id=rng.randrange(1, 50_000_000),
-                groups=groups,
-                is_bot=bot,
-                registration_dt=registered,
-                edit_count=rng.randrange(1, 2_000_000),
-            )
-        )
-    return editors
 
 
 def _page_counts(spec: PageChangesSpec, rng: random.Random) -> list[int]:
@@ -260,12 +72,8 @@ class _PageState:
     deleted: bool = False
 
 
-def _distinct_changes(spec: PageChangesSpec, rng: random.Random, clock: _Clock) -> list[_Change]:
-    """All distinct changes, in event-time order."""
-    editors = _editors(rng, clock)
-    editor_zipf = _Zipf(len(editors), 1.1)
-    counts = _page_counts(spec, rng)
-
+def _pages(spec: PageChangesSpec, counts: list[int], rng: random.Random) -> list[_PageState]:
+    """One page per count, on a random wiki; page ids grow per wiki with random gaps, as real ones do."""
     next_page_id = {wiki: 1_000 + rng.randrange(100_000) for wiki in spec.wikis}
     pages: list[_PageState] = []
     for p in range(spec.pages):
@@ -278,118 +86,219 @@ def _distinct_changes(spec: PageChangesSpec, rng: random.Random, clock: _Clock) 
             a, b = rng.sample(_TITLE_WORDS, 2)
             title = f"{a}_{b}_{page_id}"
         pages.append(_PageState(wiki=wiki, page_id=page_id, base_title=title, title=title, count=counts[p]))
+    return pages
 
-    timeline: list[tuple[int, int, int]] = []  # (event time, page, sequence number within the page)
+
+def _timeline(pages: list[_PageState], span: int, rng: random.Random) -> list[tuple[int, int, int]]:
+    """Every page's changes as (event time, page, sequence number within the page), in event-time order."""
+    timeline: list[tuple[int, int, int]] = []
     for p, state in enumerate(pages):
-        for seq, t in enumerate(_page_times(state.count, spec.span_seconds, rng)):
+        for seq, t in enumerate(_page_times(state.count, span, rng)):
             timeline.append((t, p, seq))
     timeline.sort()
+    return timeline
 
-    # Rev ids are handed out in event-time order, so they increase per wiki and per page.
-    next_rev_id = {wiki: 500_000 + rng.randrange(1_000_000) for wiki in spec.wikis}
+
+def _next_kind(state: _PageState, more_to_come: bool, delete_rate: float, rng: random.Random) -> str:
+    """The kind of a page's next change. Only a live, existing page draws, so a page's first change
+    is always a create and a deleted page's next change always an undelete."""
+    if state.revision is None:
+        return "create"
+    if state.deleted:
+        return "undelete"
+    r = rng.random()
+    if r < delete_rate:
+        # A delete that is the page's last change would never be undone; make it an edit.
+        return "delete" if more_to_come else "edit"
+    if r < delete_rate + _VISIBILITY_RATE:
+        return "visibility_change"
+    if r < delete_rate + _VISIBILITY_RATE + _MOVE_RATE:
+        return "move"
+    return "edit"
+
+
+@dataclass(slots=True)
+class _Draws:
+    """What every change builder shares: the one seeded ``rng`` (so the order of calls fixes the
+    output), the clock, and the next rev id per wiki, handed out in event-time order so that rev
+    ids increase per wiki and per page."""
+
+    rng: random.Random
+    clock: _Clock
+    next_rev_id: dict[str, int]
+
+    def rev_id(self, wiki: str) -> int:
+        rev_id = self.next_rev_id[wiki]
+        self.next_rev_id[wiki] += 1
+        return rev_id
+
+    def change(
+        self,
+        state: _PageState,
+        t: int,
+        kind: str,
+        revision: _Revision,
+        performer: _Editor,
+        *,
+        prior_revision: _Revision | None = None,
+        prior_title: str | None = None,
+        comment: str | None = None,
+        revision_count: int | None = None,
+    ) -> _Change:
+        """The change as the page stands *after* it: a move's event carries the new title. Its ids
+        are the last draws of every change."""
+        return _Change(
+            offset=t,
+            kind=kind,
+            wiki=state.wiki,
+            page_id=state.page_id,
+            title=state.title,
+            revision=revision,
+            performer=performer,
+            meta_id=_uuid4(self.rng),
+            request_id=_uuid4(self.rng),
+            prior_revision=prior_revision,
+            prior_title=prior_title,
+            comment=comment,
+            revision_count=revision_count,
+        )
+
+
+def _add_revision(state: _PageState, revision: _Revision) -> _Revision | None:
+    """Makes ``revision`` the page's current one and returns the one it replaces."""
+    prior = state.revision
+    state.revisions += 1
+    state.revision = revision
+    return prior
+
+
+def _create(state: _PageState, t: int, performer: _Editor, draws: _Draws) -> _Change:
+    rng = draws.rng
+    rev_id = draws.rev_id(state.wiki)
+    size = rng.randint(200, 5_000)
+    text = f"/* wbeditentity-create:2|en */ {state.title}" if _is_wikibase(state.wiki) else "Created page"
+    revision = _Revision(
+        rev_id=rev_id,
+        rev_dt=draws.clock.seconds(t),
+        is_minor_edit=False,  # a first revision is never minor
+        rev_sha1=_sha1_base36(rng),
+        rev_size=size,
+        rev_parent_id=None,
+        comment=text,
+        editor=performer,
+        origin_rev_id=rev_id,
+    )
+    prior = _add_revision(state, revision)
+    return draws.change(state, t, "create", revision, performer, prior_revision=prior)
+
+
+def _edit(state: _PageState, t: int, performer: _Editor, draws: _Draws) -> _Change:
+    current = state.revision
+    assert current is not None
+    rng = draws.rng
+    rev_id = draws.rev_id(state.wiki)
+    size = max(50, current.rev_size + rng.randint(-300, 600))
+    if _is_wikibase(state.wiki):
+        text = f"/* wbsetclaim-update:2||1 */ [[Property:P{rng.randint(1, 900)}]]"
+    else:
+        text = rng.choice(_EDIT_SUMMARIES)
+    revision = _Revision(
+        rev_id=rev_id,
+        rev_dt=draws.clock.seconds(t),
+        # Drawn before the sha1: keyword arguments are evaluated in order, and the order is the output.
+        is_minor_edit=rng.random() < _MINOR_EDIT_RATE,
+        rev_sha1=_sha1_base36(rng),
+        rev_size=size,
+        rev_parent_id=current.rev_id,
+        comment=text,
+        editor=performer,
+        origin_rev_id=rev_id,
+    )
+    prior = _add_revision(state, revision)
+    return draws.change(state, t, "edit", revision, performer, prior_revision=prior)
+
+
+def _move(state: _PageState, t: int, performer: _Editor, draws: _Draws) -> _Change:
+    current = state.revision
+    assert current is not None
+    rev_id = draws.rev_id(state.wiki)
+    prior_title = state.title
+    state.moves += 1
+    state.title = f"{state.base_title}_({state.moves})"
+    # A move adds a null revision: new id, same content.
+    revision = _Revision(
+        rev_id=rev_id,
+        rev_dt=draws.clock.seconds(t),
+        is_minor_edit=True,
+        rev_sha1=current.rev_sha1,
+        rev_size=current.rev_size,
+        rev_parent_id=current.rev_id,
+        comment=f"{performer.user_text} moved page [[{prior_title}]] to [[{state.title}]]",
+        editor=performer,
+        origin_rev_id=current.origin_rev_id,
+    )
+    prior = _add_revision(state, revision)
+    return draws.change(state, t, "move", revision, performer, prior_revision=prior, prior_title=prior_title)
+
+
+def _delete(state: _PageState, t: int, performer: _Editor, draws: _Draws) -> _Change:
+    assert state.revision is not None
+    state.deleted = True
+    return draws.change(
+        state,
+        t,
+        "delete",
+        state.revision,
+        performer,
+        comment="Deleting page: housekeeping",
+        revision_count=state.revisions,
+    )
+
+
+def _undelete(state: _PageState, t: int, performer: _Editor, draws: _Draws) -> _Change:
+    assert state.revision is not None
+    state.deleted = False
+    return draws.change(state, t, "undelete", state.revision, performer, comment="")
+
+
+def _hide_comment(state: _PageState, t: int, performer: _Editor, draws: _Draws) -> _Change:
+    """A ``visibility_change``: the comment of the current revision gets hidden, no new revision."""
+    assert state.revision is not None
+    revision = replace(state.revision, is_comment_visible=False)
+    state.revision = revision
+    return draws.change(state, t, "visibility_change", revision, performer)
+
+
+# Each builder updates the page and returns its change; none may draw after Draws.change, which
+# draws the event's ids last.
+_BUILDERS: dict[str, Callable[[_PageState, int, _Editor, _Draws], _Change]] = {
+    "create": _create,
+    "edit": _edit,
+    "move": _move,
+    "delete": _delete,
+    "undelete": _undelete,
+    "visibility_change": _hide_comment,
+}
+
+
+def _distinct_changes(spec: PageChangesSpec, rng: random.Random, clock: _Clock) -> list[_Change]:
+    """All distinct changes, in event-time order.
+
+    Every draw comes from ``rng`` in a fixed order (editors, page counts, pages, times, rev ids, then
+    per change: performer, kind, the kind's own draws, ids), which is what makes the output
+    reproducible; reorder nothing here without expecting different data.
+    """
+    editors = _editors(rng, clock)
+    editor_zipf = _Zipf(len(editors), 1.1)
+    pages = _pages(spec, _page_counts(spec, rng), rng)
+    timeline = _timeline(pages, spec.span_seconds, rng)
+    draws = _Draws(rng, clock, {wiki: 500_000 + rng.randrange(1_000_000) for wiki in spec.wikis})
     changes: list[_Change] = []
     for t, p, seq in timeline:
         state = pages[p]
         performer = editors[editor_zipf.draw(rng)]
-        current = state.revision
-        more_to_come = seq < state.count - 1
-        kind = "edit"
-        if current is None:
-            kind = "create"
-        elif state.deleted:
-            kind = "undelete"
-        else:
-            r = rng.random()
-            if r < spec.delete_rate:
-                # A delete that is the page's last change would never be undone; make it an edit.
-                kind = "delete" if more_to_come else "edit"
-            elif r < spec.delete_rate + _VISIBILITY_RATE:
-                kind = "visibility_change"
-            elif r < spec.delete_rate + _VISIBILITY_RATE + _MOVE_RATE:
-                kind = "move"
-
-        prior_revision: _Revision | None = None
-        prior_title: str | None = None
-        comment: str | None = None
-        revision_count: int | None = None
-        dt = clock.seconds(t)
-        if kind in ("create", "edit", "move"):
-            rev_id = next_rev_id[state.wiki]
-            next_rev_id[state.wiki] += 1
-            if kind == "move":
-                assert current is not None
-                prior_title = state.title
-                state.moves += 1
-                state.title = f"{state.base_title}_({state.moves})"
-                # A move adds a null revision: new id, same content.
-                revision = _Revision(
-                    rev_id=rev_id,
-                    rev_dt=dt,
-                    is_minor_edit=True,
-                    rev_sha1=current.rev_sha1,
-                    rev_size=current.rev_size,
-                    rev_parent_id=current.rev_id,
-                    comment=f"{performer.user_text} moved page [[{prior_title}]] to [[{state.title}]]",
-                    editor=performer,
-                    origin_rev_id=current.origin_rev_id,
-                )
-            else:
-                if current is None:
-                    size = rng.randint(200, 5_000)
-                else:
-                    size = max(50, current.rev_size + rng.randint(-300, 600))
-                if _is_wikibase(state.wiki):
-                    text = (
-                        f"/* wbeditentity-create:2|en */ {state.title}"
-                        if current is None
-                        else f"/* wbsetclaim-update:2||1 */ [[Property:P{rng.randint(1, 900)}]]"
-                    )
-                else:
-                    text = "Created page" if current is None else rng.choice(_EDIT_SUMMARIES)
-                revision = _Revision(
-                    rev_id=rev_id,
-                    rev_dt=dt,
-                    is_minor_edit=current is not None and rng.random() < _MINOR_EDIT_RATE,
-                    rev_sha1=_sha1_base36(rng),
-                    rev_size=size,
-                    rev_parent_id=None if current is None else current.rev_id,
-                    comment=text,
-                    editor=performer,
-                    origin_rev_id=rev_id,
-                )
-            prior_revision = current
-            state.revisions += 1
-            state.revision = revision
-        else:
-            assert current is not None
-            revision = current
-            if kind == "delete":
-                state.deleted = True
-                comment = "Deleting page: housekeeping"
-                revision_count = state.revisions
-            elif kind == "undelete":
-                state.deleted = False
-                comment = ""
-            else:  # visibility_change: the comment of the current revision gets hidden
-                revision = replace(current, is_comment_visible=False)
-                state.revision = revision
-        changes.append(
-            _Change(
-                offset=t,
-                kind=kind,
-                wiki=state.wiki,
-                page_id=state.page_id,
-                title=state.title,
-                revision=revision,
-                performer=performer,
-                meta_id=_uuid4(rng),
-                request_id=_uuid4(rng),
-                prior_revision=prior_revision,
-                prior_title=prior_title,
-                comment=comment,
-                revision_count=revision_count,
-            )
-        )
+        kind = _next_kind(state, seq < state.count - 1, spec.delete_rate, rng)
+        changes.append(_BUILDERS[kind](state, t, performer, draws))
     return changes
 
 
