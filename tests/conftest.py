@@ -44,17 +44,21 @@ WORKERS_ENV = "MEDALLION_TEST_WORKERS"
 #: What one worker may hold at its peak: its own Spark session (a 2 GiB heap) and the JVMs a test
 #: starts beside it (a demo, a Connect server, a cluster's master, worker and executor).
 WORKER_MEMORY_GIB = 6
-#: Cores one worker keeps busy: its Spark session runs ``local[2]``, and one test process alone
-#: kept both of 2 cores 65-90% busy (vmstat over tests/pipelines/test_jobs.py).
-CORES_PER_WORKER = 2
+#: Cores per worker. One test process alone leaves a third of 2 cores idle over a whole run (its
+#: services' own pace, sleeps, JVM start-up); two workers on 2 cores fill it: 35:04 of tests
+#: against 46:04 with one (docs/testing.md).
+CORES_PER_WORKER = 1
+#: The JVMs the tests start (the session's, and every ``medallion``, Connect or demo subprocess,
+#: which inherit it): the C1 compiler only and the serial collector. The tests' JVMs are short and
+#: small; C2's compiler threads and G1's concurrent threads cost more CPU than they give back there
+#: (the export and counter modules under two workers: 426 against 482 CPU-seconds). Speed is
+#: measured by ``medallion bench`` run as users run it, never by the tests.
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+os.environ.setdefault("SPARK_SUBMIT_OPTS", TEST_JVM_OPTIONS)
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: ``MEDALLION_TEST_WORKERS``, else one worker per two cores while memory allows.
-
-    On 2 cores that is one: two workers there were no faster than one, and two tests that pass on
-    their own failed under the doubled load (docs/testing.md).
-    """
+    """``-n auto``: ``MEDALLION_TEST_WORKERS``, else one worker per core while memory allows."""
     if os.environ.get(WORKERS_ENV):
         return max(0, int(os.environ[WORKERS_ENV]))
     cores = len(os.sched_getaffinity(0))

@@ -107,10 +107,11 @@ def _task(stage: str, deps: list[str]) -> dict[str, Any]:
 
 
 def _describe(stage: str) -> str:
-    """The task's flows and how each writes (its write kind), as ``medallion flows`` shows them."""
-    return "; ".join(
-        f"{f.name}: {f.mode}" + (", by bucket" if f.by_bucket else "") for f in flows.FLOWS if f.stage == stage
-    )
+    """How the task's flows write (their write kinds, as ``medallion flows`` shows them): a flow
+    added to a stage changes the job only if it writes in a way the stage did not."""
+    members = [f for f in flows.FLOWS if f.stage == stage]
+    kinds = ", ".join(dict.fromkeys(f.mode for f in members))
+    return f"writes: {kinds}" + ("; one task per team bucket" if all(f.by_bucket for f in members) else "")
 
 
 def _writes_clickhouse(stage: str) -> bool:

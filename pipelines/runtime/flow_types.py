@@ -140,7 +140,7 @@ class Flow(Generic[C]):
     @property
     def reads_tables(self) -> tuple[TableSpec, ...]:
         """Every table its code may read: its sources, targets and lookups."""
-        return tuple(dict.fromkeys((*self.sources, *self.targets, *self.lookups)))
+        return tuple({s.key: s for s in (*self.sources, *self.targets, *self.lookups)}.values())
 
 
 @dataclass(frozen=True)

@@ -173,9 +173,11 @@ def test_two_ingest_processes_are_measured_beside_one(bench: tuple[Path, dict[st
     if stages[name]["runs"] == 0:
         return  # skipped, and said why (no Tansu)
     checked_peer(stages, (out / "bench.md").read_text(), name, "1 process")
+    # XS produces 30,000 messages (M and L at least 60,000): three flushes of 5,000 for each of
+    # two processes, so both still land over a window that leaves each one's first flush out.
     for s in (stages[name], stages["Kafka -> bronze, 1 ingest process (steady state)"]):
-        assert "60,000 PostHog fixture events" in s["note"] and "4 partitions" in s["note"], s["note"]
-        assert 0 < s["units"][0] < 60_000, s["units"]  # the first flush of each process is left out
+        assert "30,000 PostHog fixture events" in s["note"] and "4 partitions" in s["note"], s["note"]
+        assert 0 < s["units"][0] < 30_000, s["units"]  # the first flush of each process is left out
 
 
 def checked_peer(stages: dict[str, Any], table: str, name: str, label: str) -> dict[str, Any]:
