@@ -48,13 +48,6 @@ WORKER_MEMORY_GIB = 6
 #: services' own pace, sleeps, JVM start-up); two workers on 2 cores fill it: 35:04 of tests
 #: against 46:04 with one (docs/testing.md).
 CORES_PER_WORKER = 1
-#: The JVMs the tests start (the session's, and every ``medallion``, Connect or demo subprocess,
-#: which inherit it): the C1 compiler only and the serial collector. The tests' JVMs are short and
-#: small; C2's compiler threads and G1's concurrent threads cost more CPU than they give back there
-#: (the export and counter modules under two workers: 426 against 482 CPU-seconds). Speed is
-#: measured by ``medallion bench`` run as users run it, never by the tests.
-TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-os.environ.setdefault("SPARK_SUBMIT_OPTS", TEST_JVM_OPTIONS)
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
