@@ -306,20 +306,7 @@ FLOW_MODULE = """
 from pyspark.sql import DataFrame
 
 from pipelines.config.settings import Settings
-from pipelines.runtime.flow_types import (
-    Append,
-    Batch,
-    Export,
-    ExportRun,
-    Flow,
-    FlowRecord,
-    Merge,
-    MergeRules,
-    State,
-    StateBatch,
-    StateRules,
-    StateStep,
-)
+from pipelines.runtime.flow_types import Append, Batch, Flow, FlowRecord
 
 
 def transform(batch: Batch, config: {takes}, record: FlowRecord) -> DataFrame:
