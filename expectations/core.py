@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal, get_args
-
-import great_expectations.expectations as gxe
-from great_expectations.expectations.expectation import Expectation
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from bronze.primitives import ConfigError
+
+if TYPE_CHECKING:
+    from great_expectations.expectations.expectation import Expectation
 
 Policy = Literal["warn", "drop", "fail"]
 POLICIES: tuple[str, ...] = get_args(Policy)
@@ -27,11 +28,30 @@ class PolicyError(ConfigError):
 
 
 @dataclass(frozen=True)
+class Expects:
+    """A GX expectation by its class name and arguments, built when a validation first asks for it.
+    Importing Great Expectations takes about 2 CPU-seconds: a command or an ingest process that
+    validates nothing (``--version``, a refused argument, a Kafka consumer) does not pay it."""
+
+    kind: str  # a class of ``great_expectations.expectations``
+    arguments: tuple[tuple[str, Any], ...]
+
+    def build(self) -> Expectation:
+        import great_expectations.expectations as gxe
+
+        return getattr(gxe, self.kind)(**dict(self.arguments))
+
+
+def expects(kind: str, **arguments: Any) -> Expects:
+    return Expects(kind, tuple(arguments.items()))
+
+
+@dataclass(frozen=True)
 class Check:
     """One expectation of a suite, by name."""
 
     name: str
-    expectation: Expectation
+    expects: Expects
     policy: Policy
     description: str
     passes: str | None = None  # SQL predicate true for a passing row; None for checks on the whole batch
@@ -43,6 +63,10 @@ class Check:
     #: must lie in (inclusive; None: unbounded), computed with the row-level counts instead of by GX.
     total: str | None = None
     total_between: tuple[int | None, int | None] = (None, None)
+
+    @cached_property
+    def expectation(self) -> Expectation:
+        return self.expects.build()
 
     @property
     def row_level(self) -> bool:
@@ -115,7 +139,7 @@ def _sql(value: Any) -> str:
 def not_null(column: str, policy: Policy = "drop", name: str | None = None) -> Check:
     return Check(
         name or f"{column}_not_null",
-        gxe.ExpectColumnValuesToNotBeNull(column=column),
+        expects("ExpectColumnValuesToNotBeNull", column=column),
         policy,
         f"{column} is not null",
         f"{_q(column)} IS NOT NULL",
@@ -135,7 +159,7 @@ def between(
     text = " and ".join(b.replace("`", "") for b in bounds)
     return Check(
         name or f"{column}_in_range",
-        gxe.ExpectColumnValuesToBeBetween(column=column, min_value=low, max_value=high),
+        expects("ExpectColumnValuesToBeBetween", column=column, min_value=low, max_value=high),
         policy,
         text,
         f"{_q(column)} IS NULL OR ({' AND '.join(bounds)})",
@@ -146,7 +170,7 @@ def in_set(column: str, values: Sequence[Any], policy: Policy = "drop", name: st
     """``column`` is one of ``values``; nulls pass, as in GX."""
     return Check(
         name or f"{column}_known",
-        gxe.ExpectColumnValuesToBeInSet(column=column, value_set=list(values)),
+        expects("ExpectColumnValuesToBeInSet", column=column, value_set=list(values)),
         policy,
         f"{column} in {{{', '.join(map(str, values))}}}",
         f"{_q(column)} IS NULL OR {_q(column)} IN ({', '.join(_sql(v) for v in values)})",
@@ -157,8 +181,12 @@ def at_least_column(a: str, b: str, policy: Policy = "drop", name: str | None = 
     """``a >= b`` on every row where both are set."""
     return Check(
         name or f"{a}_not_before_{b}",
-        gxe.ExpectColumnPairValuesAToBeGreaterThanB(
-            column_A=a, column_B=b, or_equal=True, ignore_row_if="either_value_is_missing"
+        expects(
+            "ExpectColumnPairValuesAToBeGreaterThanB",
+            column_A=a,
+            column_B=b,
+            or_equal=True,
+            ignore_row_if="either_value_is_missing",
         ),
         policy,
         f"{a} >= {b}",
@@ -173,9 +201,9 @@ def unique(
     """No two rows share ``columns``; rows with a null among them are not compared (file-landed
     bronze rows have no Kafka offsets)."""
     expectation = (
-        gxe.ExpectColumnValuesToBeUnique(column=columns[0])
+        expects("ExpectColumnValuesToBeUnique", column=columns[0])
         if len(columns) == 1
-        else gxe.ExpectCompoundColumnsToBeUnique(column_list=list(columns), ignore_row_if="any_value_is_missing")
+        else expects("ExpectCompoundColumnsToBeUnique", column_list=list(columns), ignore_row_if="any_value_is_missing")
     )
     return Check(name, expectation, policy, f"one row per ({', '.join(columns)})", scope=scope)
 
@@ -183,7 +211,7 @@ def unique(
 def sum_equals(column: str, value: int, name: str, what: str, policy: Policy = "fail") -> Check:
     return Check(
         name,
-        gxe.ExpectColumnSumToBeBetween(column=column, min_value=value, max_value=value),
+        expects("ExpectColumnSumToBeBetween", column=column, min_value=value, max_value=value),
         policy,
         f"sum({column}) == {what} ({value:,})",
         total=f"coalesce(sum({_q(column)}), 0)",
@@ -194,10 +222,15 @@ def sum_equals(column: str, value: int, name: str, what: str, policy: Policy = "
 def no_rows(name: str, query: str, description: str, policy: Policy = "fail") -> Check:
     """``query`` (over ``{batch}``) returns no row; its rows are the failures."""
     return Check(
-        name, gxe.UnexpectedRowsExpectation(unexpected_rows_query=query, description=description), policy, description
+        name,
+        expects("UnexpectedRowsExpectation", unexpected_rows_query=query, description=description),
+        policy,
+        description,
     )
 
 
 def figures_equal(a: str, b: str, name: str, description: str, policy: Policy = "fail") -> Check:
     """Figure ``a`` == figure ``b``, on the one-row frame of figures computed from several tables."""
-    return Check(name, gxe.ExpectColumnPairValuesToBeEqual(column_A=a, column_B=b), policy, description, on="figures")
+    return Check(
+        name, expects("ExpectColumnPairValuesToBeEqual", column_A=a, column_B=b), policy, description, on="figures"
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import subprocess
+import sys
 from importlib.metadata import version
 from pathlib import Path
 
@@ -23,6 +24,14 @@ def one_error(out: subprocess.CompletedProcess[str], code: int = 2) -> str:
 def test_version() -> None:
     out = run_medallion("--version")
     assert (out.returncode, out.stdout) == (0, f"medallion {version('medallion')}\n")
+
+
+def test_the_cli_starts_without_importing_great_expectations() -> None:
+    """GX's import takes about 2 CPU-seconds; the suites name their expectations and build them at
+    the first validation, so a command that validates nothing starts without it."""
+    probe = "import sys, pipelines.app.cli; print(sorted(m for m in sys.modules if m.startswith('great_expectations')))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert (out.returncode, out.stdout) == (0, "[]\n"), out.stderr
 
 
 @pytest.mark.parametrize(
