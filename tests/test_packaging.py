@@ -137,3 +137,16 @@ def test_the_wheel_lists_every_package_and_maps_medallion_to_the_api() -> None:
     }
     assert set(config["packages"]) == (on_disk - {"pipelines.app.api"}) | {"medallion"}
     assert config["package-dir"] == {"medallion": "pipelines/app/api"}
+
+
+def test_every_asset_gx_pages_load_is_vendored_with_its_license_and_packaged() -> None:
+    import tomllib
+
+    from pipelines.app.report.gx_offline import ASSETS, VENDOR
+
+    repo = Path(__file__).resolve().parents[1]
+    assert all((VENDOR / path).is_file() for path in ASSETS.values())
+    libraries = {path.split("/")[0] for path in ASSETS.values()}
+    assert all(any((VENDOR / lib).glob("LICENSE*")) for lib in libraries)
+    package_data = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert "gx_vendor/**/*" in package_data["pipelines.app.report"]

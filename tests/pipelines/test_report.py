@@ -98,6 +98,21 @@ def reported(
     return lake, out, demo_lake.summary
 
 
+#: What a GX page needs from its assets: Bootstrap's stylesheet (its reboot: the font stack and no
+#: margin on the body), jQuery with Bootstrap's and bootstrap-table's plugins, Font Awesome's face.
+GX_PAGE_WORKS = """async () => {
+    await document.fonts.ready;
+    return {
+        bootstrap_font: getComputedStyle(document.body).fontFamily.includes("Segoe UI"),
+        bootstrap_margin: getComputedStyle(document.body).margin === "0px",
+        plugins: typeof jQuery === "function" && typeof jQuery.fn.modal === "function"
+            && typeof jQuery.fn.bootstrapTable === "function",
+        icons: [...document.fonts].some(f => f.family.includes("Font Awesome") && f.status === "loaded"),
+    };
+}"""
+GX_PAGE_WORKING = {"bootstrap_font": True, "bootstrap_margin": True, "plugins": True, "icons": True}
+
+
 def test_the_report_in_a_browser_shows_every_table_with_its_rows_and_the_failed_expectation(
     reported: tuple[Path, Path, dict[str, Any]], browser: Any
 ) -> None:
@@ -137,6 +152,19 @@ def test_the_report_in_a_browser_shows_every_table_with_its_rows_and_the_failed_
         assert row is not None and row.get_attribute("data-outcome") == "failed"
         assert BAD_UUID in page.inner_text("#expectations")  # the failing row, kept as an example
         assert page.query_selector("img.chart") is not None
+
+        # GX's Data Docs, followed from the table's page: styled, scripted and with icons, from disk.
+        page.click("a.gx.table-docs")
+        page.wait_for_load_state()
+        assert "/gx/uncommitted/data_docs/local_site/validations/silver__events/" in page.url
+        validation = page.url
+        for docs in (validation, (out / "gx/gx/uncommitted/data_docs/local_site/index.html").as_uri()):
+            page.goto(docs)
+            page.wait_for_load_state()
+            assert page.evaluate(GX_PAGE_WORKS) == GX_PAGE_WORKING, docs
+        page.screenshot(path=str(artifacts() / "gx_index.png"), full_page=True)
+        page.goto(validation)
+        page.screenshot(path=str(artifacts() / "gx_validation.png"), full_page=True)
 
         page.goto((out / "index.html").as_uri())
         page.click('svg.flow-graph g.flow-node[data-flow="gold.merge"]')

@@ -4,8 +4,8 @@ Each table's recent validations (the gates of the runs the report keeps, and ``m
 validate``) are handed to a file-backed GX context under ``<report>/gx`` as GX validation results,
 with the table's suite as GX expectations, and GX renders its site
 (``gx/uncommitted/data_docs/local_site``). Nothing here renders HTML: GX does, as it does for its
-own checkpoints, so the pages are the ones GX users keep as CI artifacts. GX's pages load their
-stylesheets from public CDNs; offline they show unstyled.
+own checkpoints, so the pages are the ones GX users keep as CI artifacts. What GX's pages load from
+public CDNs is vendored and linked from disk (``gx_offline``), so they work offline, styled.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.app.report.collect import Report, Result, Run, slug
+from pipelines.app.report.gx_offline import make_offline
 from pipelines.runtime.runner import Context
 
 #: Validations of each table handed to GX (the newest ones).
@@ -63,6 +64,7 @@ def build(ctx: Context, report: Report, out: Path) -> str | None:
             if key is not None:
                 newest.setdefault(table, key)
     context.build_data_docs()
+    make_offline(site)
     for table, key in newest.items():
         if table in report.tables:
             run_name, run_time = key.run_id.run_name, key.run_id.to_tuple()[1]
