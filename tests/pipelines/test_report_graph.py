@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import xml.etree.ElementTree as ET
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from pyspark.sql.types import LongType, StructField, StructType
@@ -14,6 +14,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 from pipelines import flows
 from pipelines.app.report.collect import FlowNode, Report, Table, registry_tables
 from pipelines.app.report.graph import age, svg
+from pipelines.app.report.site import time_axis
 from pipelines.runtime.flow_types import Append, Flow
 from pipelines.runtime.tables import SILVER_EVENTS
 from pipelines.storage import TableSpec
@@ -76,3 +77,12 @@ def test_a_flow_added_to_the_registry_is_drawn(monkeypatch: pytest.MonkeyPatch) 
 )
 def test_ages_read_as_people_say_them(seconds: float, text: str) -> None:
     assert age(seconds) == text
+
+
+def test_a_run_chart_of_one_run_or_a_few_spans_minutes_around_them_not_years() -> None:
+    t = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
+    minute, day = timedelta(minutes=1), timedelta(days=1)
+    assert time_axis([t]) == (t - minute, t + minute)
+    few = [t, t + timedelta(seconds=10), t + timedelta(seconds=40)]
+    assert time_axis(few) == (t - minute, t + timedelta(seconds=40) + minute)
+    assert time_axis([t, t + 10 * day]) == (t - day / 2, t + 10 * day + day / 2)  # 5% of the span either side

@@ -7,7 +7,7 @@ CI artifact; nothing is fetched from anywhere.
 from __future__ import annotations
 
 import shutil
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,14 @@ def _size(n: int) -> str:
     return f"{n:,} TiB"
 
 
+def time_axis(times: list[datetime]) -> tuple[datetime, datetime]:
+    """The time axis around the runs: 5% of their span either side, and at least a minute, so one
+    run (or a few close together) shows minutes around it, not matplotlib's default of years."""
+    first, last = min(times), max(times)
+    pad = max((last - first) * 0.05, timedelta(minutes=1))
+    return first - pad, last + pad
+
+
 def _chart(table: Table, runs: list[Run], path: Path) -> bool:
     """Rows written and duration of each run of the table's writers, over time (a PNG)."""
     from pipelines.app.plotting import pyplot
@@ -71,6 +79,7 @@ def _chart(table: Table, runs: list[Run], path: Path) -> bool:
     rows_ax.legend(fontsize=7, loc="upper left")
     for ax in (rows_ax, time_ax):
         ax.grid(alpha=0.3)
+    time_ax.set_xlim(*time_axis([r.started_at for r in points]))  # type: ignore[misc]
     fig.autofmt_xdate()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
