@@ -9,7 +9,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
 from silver.buckets import BUCKET, BucketMapping, assign_buckets
-from silver.properties import DOCUMENT, DOCUMENT_COLUMNS, parse_documents
+from silver.properties import DOCUMENT, DOCUMENT_COLUMNS, JAVASCRIPT, parse_documents
 
 SILVER_EVENTS_SCHEMA = StructType(
     [
@@ -30,15 +30,15 @@ SILVER_EVENTS_SCHEMA = StructType(
 SILVER_EVENTS_COLUMNS = [f.name for f in SILVER_EVENTS_SCHEMA.fields]
 
 
-def to_silver_events(mapping: BucketMapping) -> Callable[[DataFrame], DataFrame]:
+def to_silver_events(mapping: BucketMapping, notation: str = JAVASCRIPT) -> Callable[[DataFrame], DataFrame]:
     """Bronze event rows -> silver event rows (renamed event time, bucket assigned unless the rows
-    have one already, property documents parsed)."""
+    have one already, property documents parsed, their numbers in ``notation``)."""
 
     def transform(df: DataFrame) -> DataFrame:
         return (
             df.withColumn("event_time", F.col("timestamp"))
             .transform(assign_buckets(mapping) if BUCKET not in df.columns else (lambda bucketed: bucketed))
-            .transform(parse_documents())
+            .transform(parse_documents(notation=notation))
             .select(*SILVER_EVENTS_COLUMNS)
         )
 

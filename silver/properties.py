@@ -51,6 +51,12 @@ SET_ONCE_PROPS = "set_once_props"  # properties.$set_once
 GROUP_SET_PROPS = "group_set_props"  # properties.$group_set
 DOCUMENT_COLUMNS = (PROPS, PERSON_PROPS, SET_PROPS, SET_ONCE_PROPS, GROUP_SET_PROPS)
 _PARSED, _PERSON = "_properties_variant", "_person_variant"
+_PARSED_TEXT, _PERSON_TEXT = "_properties_text", "_person_text"
+
+#: How numbers are written (``silver.number_notation``): JavaScript's ``String(x)``, or serde_json's
+#: ``Value::to_string()`` as PostHog's property-vals-rs writes a property value.
+JAVASCRIPT, SERDE_JSON = "javascript", "serde_json"
+NOTATIONS = (JAVASCRIPT, SERDE_JSON)
 
 #: Shortest round-trip digits of a double (Schubfach), in Java's notation; jackson-core ships with
 #: Spark. Java 17's own Double.toString is not always the shortest.
@@ -62,9 +68,15 @@ _INTEGER_TEXT = r"^-?[0-9]+$"
 _PLAIN_DECIMAL = r"^-?[0-9]{1,21}[.][0-9]+$"
 #: Under 1e-6 in magnitude, where JavaScript switches to an exponent.
 _UNDER_MICRO = r"^-?0[.]0{6}"
+#: A plain decimal of at most 16 integer digits (|x| < 1e16, where serde_json writes plain digits).
+_SERDE_PLAIN_DECIMAL = r"^-?[0-9]{1,16}[.][0-9]+$"
+#: Under 1e-5 in magnitude (and not zero), where serde_json switches to an exponent.
+_SERDE_UNDER = r"^-?0[.]0{5}"
+#: The largest integer serde_json reads as a u64 and writes back digit for digit (larger: a double).
+_I64_MAX, _U64_MAX = str(2**63 - 1), str(2**64 - 1)
 
 
-def number_text(value: Column) -> Column:
+def number_text(value: Column, notation: str = JAVASCRIPT) -> Column:
     """The canonical text of a JSON number held in a VARIANT (null for anything else).
 
     - An integer keeps all its digits: ``-0`` is ``0``, 2^53+1 stays ``9007199254740993``, and
@@ -76,12 +88,22 @@ def number_text(value: Column) -> Column:
       ``1e21`` ``1e+21``, ``1e16`` ``10000000000000000``, ``1.25e-5`` ``0.0000125``,
       ``0.000001`` ``0.000001``, ``1e-7`` ``1e-7``.
 
+    With ``notation="serde_json"`` the same double is written as serde_json writes an ``f64``
+    (ryu's layout): plain for 1e-5 <= |x| < 1e16 with ``.0`` on a whole value, else ``d.ddden``
+    with no ``+``; ``-0.0`` keeps its sign. So ``1.0`` is ``1.0``, ``1e5`` ``100000.0``,
+    ``0.000001`` ``1e-6``, ``1e16`` ``1e16``, ``1e21`` ``1e21``. An integer keeps its digits
+    where serde_json reads it as a u64 or an i64 (-2^63 .. 2^64-1) and is a double past that.
+
     Built from native functions: Schubfach's shortest digits (via ``reflect``) re-laid-out with
     string functions, no Python UDF. ``property_value`` takes a faster path first and calls this
     only for the numbers that path cannot write.
     """
     kind = F.schema_of_variant(value)
-    integer = F.when(kind.isin(*INTEGER_TYPES) | kind.endswith(",0)"), F.to_json(value))
+    if notation == SERDE_JSON:
+        is_integer = _serde_integer(kind, F.to_json(value))
+    else:
+        is_integer = kind.isin(*INTEGER_TYPES) | kind.endswith(",0)")
+    integer = F.when(is_integer, F.to_json(value))
     double = F.try_variant_get(value, "$", "double")
     java = F.reflect(F.lit(SHORTEST_DOUBLE), F.lit("toString"), double)  # e.g. -1.25E-5, 2500.0
     parts = r"^-?([0-9]+)\.([0-9]+)(?:E(-?[0-9]+))?$"
@@ -92,9 +114,30 @@ def number_text(value: Column) -> Column:
     significant = F.regexp_replace(F.regexp_replace(digits, "^0+", ""), "0+$", "")
     k = F.length(significant)
     n = F.length(whole) + exponent - leading  # the value is 0.<significant> x 10^n
+    # Java writes at least two digits: where one reads back to the same double (a subnormal such
+    # as 5e-324, which Java writes 4.9E-324), that one is the shortest.
+    rounded = F.round(significant.cast("int") / 10).cast("int")
+    one, n_one = F.when(rounded == 10, F.lit("1")).otherwise(rounded.cast("string")), n + (rounded == 10).cast("int")
+    one_is_enough = (k == 2) & (
+        F.concat(F.lit("0."), one, F.lit("e"), n_one.cast("string")).cast("double") == F.abs(double)
+    )
+    significant = F.when(one_is_enough, one).otherwise(significant)
+    n, k = F.when(one_is_enough, n_one).otherwise(n), F.when(one_is_enough, F.lit(1)).otherwise(k)
+    if notation == SERDE_JSON:
+        sign = F.when(java.startswith("-"), F.lit("-")).otherwise(F.lit(""))
+        laid_out = _serde_layout(significant, k, n)
+    else:
+        sign = F.when(java.startswith("-") & (k > 0), F.lit("-")).otherwise(F.lit(""))
+        laid_out = _javascript_layout(significant, k, n)
+    finite = F.when(whole != "", F.concat(sign, laid_out)).otherwise(java)  # else Infinity, -Infinity
+    fractional = kind.isin("DOUBLE", "FLOAT") | kind.startswith("DECIMAL")
+    return F.coalesce(integer, F.when(fractional, finite))
+
+
+def _javascript_layout(significant: Column, k: Column, n: Column) -> Column:
+    """JavaScript's layout of the digits ``significant`` (``k`` of them) of 0.<significant> x 10^n."""
     e = n - 1
-    sign = F.when(java.startswith("-") & (k > 0), F.lit("-")).otherwise(F.lit(""))
-    laid_out = (
+    return (
         F.when(k == 0, F.lit("0"))
         .when((k <= n) & (n <= 21), F.concat(significant, F.repeat(F.lit("0"), n - k)))
         .when(
@@ -112,9 +155,43 @@ def number_text(value: Column) -> Column:
             )
         )
     )
-    finite = F.when(whole != "", F.concat(sign, laid_out)).otherwise(java)  # else Infinity, -Infinity
-    fractional = kind.isin("DOUBLE", "FLOAT") | kind.startswith("DECIMAL")
-    return F.coalesce(integer, F.when(fractional, finite))
+
+
+def _serde_layout(significant: Column, k: Column, n: Column) -> Column:
+    """serde_json's (ryu's ``format64``) layout of the digits of 0.<significant> x 10^n: plain for
+    exponents -5..15, a whole value ending ``.0``; else ``d.ddde-n`` / ``d.dddEn`` without a ``+``."""
+    e = n - 1
+    return (
+        F.when(k == 0, F.lit("0.0"))
+        .when((e >= -5) & (e <= 15) & (k <= n), F.concat(significant, F.repeat(F.lit("0"), n - k), F.lit(".0")))
+        .when(
+            (e >= 0) & (e <= 15),
+            F.concat(F.substr(significant, F.lit(1), n), F.lit("."), F.substr(significant, n + 1)),
+        )
+        .when((e >= -5) & (e < 0), F.concat(F.lit("0."), F.repeat(F.lit("0"), -n), significant))
+        .otherwise(
+            F.concat(
+                F.substr(significant, F.lit(1), F.lit(1)),
+                F.when(k > 1, F.concat(F.lit("."), F.substr(significant, F.lit(2)))).otherwise(F.lit("")),
+                F.lit("e"),
+                e.cast("string"),
+            )
+        )
+    )
+
+
+def _serde_integer(kind: Column, text: Column) -> Column:
+    """Whether serde_json read this number as an integer (and writes its digits back as they are).
+
+    A number written without fraction or exponent that fits 64 bits Spark holds as a BIGINT; one
+    past a BIGINT, as a DECIMAL of scale 0, which serde_json reads as a u64 up to 2^64-1. Spark
+    also holds ``2.0`` as a DECIMAL of scale 0, but such a number fits a BIGINT: it is a double."""
+
+    def above(digits: str) -> Column:  # text > digits, both unsigned integers without leading zeros
+        return (F.length(text) > len(digits)) | ((F.length(text) == len(digits)) & (text > F.lit(digits)))
+
+    u64_only = kind.endswith(",0)") & ~text.startswith("-") & above(_I64_MAX) & ~above(_U64_MAX)
+    return kind.isin(*INTEGER_TYPES) | u64_only
 
 
 def _kind(json: Column, value: Column) -> Column:
@@ -131,17 +208,27 @@ def _kind(json: Column, value: Column) -> Column:
     )
 
 
-def _text(json: Column, value: Column) -> Column:
+def _text(json: Column, value: Column, notation: str = JAVASCRIPT) -> Column:
     """The canonical text of one value, from its JSON text and the value itself.
 
     A plain decimal of at most 15 significant digits is the shortest text of the double it
-    denotes (any two such decimals denote different doubles), so it only loses trailing zeros;
-    Schubfach (``number_text``) runs only for the other fractional numbers.
+    denotes (any two such decimals denote different doubles), so it only loses trailing zeros
+    (and, in serde_json's notation, keeps ``.0`` on a whole value); Schubfach (``number_text``)
+    runs only for the other fractional numbers.
     """
     first = F.substring(json, 1, 1)
     significant = F.regexp_replace(F.regexp_replace(json, "[-.]", ""), "^0+|0+$", "")
-    short_decimal = json.rlike(_PLAIN_DECIMAL) & (F.length(significant) <= 15) & ~json.rlike(_UNDER_MICRO)
-    trimmed = F.regexp_replace(F.regexp_replace(json, "0+$", ""), "[.]$", "")
+    if notation == SERDE_JSON:
+        integer = json.rlike(_INTEGER_TEXT) & _serde_integer(F.schema_of_variant(value), json)
+        integer_text = json
+        short_decimal = json.rlike(_SERDE_PLAIN_DECIMAL) & (F.length(significant) <= 15) & ~json.rlike(_SERDE_UNDER)
+        decimal_text = F.regexp_replace(F.regexp_replace(json, "0+$", ""), "[.]$", ".0")
+    else:
+        integer = json.rlike(_INTEGER_TEXT)
+        integer_text = F.when(json == "-0", F.lit("0")).otherwise(json)
+        short_decimal = json.rlike(_PLAIN_DECIMAL) & (F.length(significant) <= 15) & ~json.rlike(_UNDER_MICRO)
+        trimmed = F.regexp_replace(F.regexp_replace(json, "0+$", ""), "[.]$", "")
+        decimal_text = F.when(trimmed == "-0", F.lit("0")).otherwise(trimmed)
     return (
         F.when(
             first == '"',
@@ -152,27 +239,45 @@ def _text(json: Column, value: Column) -> Column:
         )
         .when(first == "n", F.lit(None).cast("string"))
         .when(first.isin("{", "[", "t", "f"), json)
-        .when(json.rlike(_INTEGER_TEXT), F.when(json == "-0", F.lit("0")).otherwise(json))
-        .when(short_decimal, F.when(trimmed == "-0", F.lit("0")).otherwise(trimmed))
-        .otherwise(number_text(value))
+        .when(integer, integer_text)
+        .when(short_decimal, decimal_text)
+        .otherwise(number_text(value, notation))
     )
 
 
-def document(obj: Column) -> Column:
+def document(obj: Column, notation: str = JAVASCRIPT, raw: Column | None = None) -> Column:
     """A JSON object held in a VARIANT -> its entries as ``map<string, struct<kind, text>>`` (null
-    when it is not an object)."""
+    when it is not an object), numbers in ``notation``; ``raw``, the JSON text it was parsed from,
+    tells serde_json's ``-0.0`` from ``0`` (:func:`_negative_zero`)."""
     entries = F.try_variant_get(obj, "$", "map<string,variant>")
     # Higher-order functions are interpreted, where an expression used twice is evaluated twice:
     # each value's JSON text is made once, in a pass of its own.
     with_json = F.transform_values(entries, lambda _, v: F.struct(F.to_json(v).alias("json"), v.alias("value")))
+
+    def text(key: Column, s: Column) -> Column:
+        written = _text(s["json"], s["value"], notation)
+        if notation == SERDE_JSON and raw is not None:
+            return F.when(_negative_zero(key, s["json"], raw), F.lit("-0.0")).otherwise(written)
+        return written
+
     return F.transform_values(
-        with_json,
-        lambda _, s: F.struct(_kind(s["json"], s["value"]).alias("kind"), _text(s["json"], s["value"]).alias("text")),
+        with_json, lambda k, s: F.struct(_kind(s["json"], s["value"]).alias("kind"), text(k, s).alias("text"))
     )
 
 
+def _negative_zero(key: Column, json: Column, raw: Column) -> Column:
+    """Whether a zero was written ``-0`` or ``-0.0`` in the raw text (serde_json writes ``-0.0``).
+
+    Spark's VARIANT holds such a number as the integer or decimal zero, without its sign, so the
+    raw text is asked, and only for a zero: the key, quoted as written (a key that JSON escapes is
+    not found, and keeps ``0``), followed by a negative zero token."""
+    pattern = F.concat(F.lit('"\\Q'), key, F.lit('\\E"\\s*:\\s*-0(?:\\.0*)?(?:[eE][-+]?[0-9]+)?\\s*[,}\\]]'))
+    plain_key = ~key.contains('"') & ~key.contains("\\")
+    return json.rlike("^0([.]0+)?$") & plain_key & F.regexp_like(raw, pattern)
+
+
 def parse_documents(
-    properties: str = "properties", person_properties: str = "person_properties"
+    properties: str = "properties", person_properties: str = "person_properties", notation: str = JAVASCRIPT
 ) -> Callable[[DataFrame], DataFrame]:
     """Adds the parsed documents (``PROPS`` ... ``GROUP_SET_PROPS``) from the JSON text columns.
 
@@ -187,32 +292,42 @@ def parse_documents(
             "*",
             F.try_parse_json(F.col(properties)).alias(_PARSED),
             F.try_parse_json(F.col(person_properties)).alias(_PERSON),
+            F.col(properties).alias(_PARSED_TEXT),
+            F.col(person_properties).alias(_PERSON_TEXT),
         )
-        return parsed.select(*df.columns, *_documents(df.sparkSession))
+        return parsed.select(*df.columns, *_documents(df.sparkSession, notation))
 
     return transform
 
 
+#: The documents inside ``properties``: their key, and their column.
+_INNER_DOCUMENTS = (("$set", SET_PROPS), ("$set_once", SET_ONCE_PROPS), ("$group_set", GROUP_SET_PROPS))
+
 #: The document columns, built once per session (see :func:`_documents`).
-_BUILT: weakref.WeakKeyDictionary[SparkSession, tuple[Column, ...]] = weakref.WeakKeyDictionary()
+_BUILT: weakref.WeakKeyDictionary[SparkSession, dict[str, tuple[Column, ...]]] = weakref.WeakKeyDictionary()
 _BUILT_LOCK = threading.Lock()
 
 
-def _documents(spark: SparkSession) -> tuple[Column, ...]:
+def _documents(spark: SparkSession, notation: str) -> tuple[Column, ...]:
     """The five document columns over the parsed variants.
 
     Built once per session and reused: they are expressions of column names only, and building
     them is several hundred calls into the JVM on a classic session, about 0.15 s a document,
     which a run of a few events would otherwise pay every time."""
     with _BUILT_LOCK:
-        built = _BUILT.get(spark)
+        built = _BUILT.setdefault(spark, {}).get(notation)
         if built is None:
-            props = F.col(_PARSED)
-            built = _BUILT[spark] = (
-                document(props).alias(PROPS),
-                document(F.col(_PERSON)).alias(PERSON_PROPS),
-                document(F.try_variant_get(props, "$['$set']", "variant")).alias(SET_PROPS),
-                document(F.try_variant_get(props, "$['$set_once']", "variant")).alias(SET_ONCE_PROPS),
-                document(F.try_variant_get(props, "$['$group_set']", "variant")).alias(GROUP_SET_PROPS),
+            props, text = F.col(_PARSED), F.col(_PARSED_TEXT)
+            built = _BUILT[spark][notation] = (
+                document(props, notation, text).alias(PROPS),
+                document(F.col(_PERSON), notation, F.col(_PERSON_TEXT)).alias(PERSON_PROPS),
+                *(
+                    document(F.try_variant_get(props, f"$['{key}']", "variant"), notation, text).alias(column)
+                    for key, column in (
+                        ("$set", SET_PROPS),
+                        ("$set_once", SET_ONCE_PROPS),
+                        ("$group_set", GROUP_SET_PROPS),
+                    )
+                ),
             )
         return built

@@ -111,6 +111,14 @@ class SilverSettings(_Section):
         default=timedelta(hours=24),
         description="an event whose (team_id, uuid) silver holds within this much event time is a repeat; 0: off",
     )
+    number_notation: Literal["javascript", "serde_json"] = Field(
+        default="javascript",
+        description=(
+            "how a property's number is written in silver's documents, gold's values and ClickHouse: "
+            "JavaScript's String(x) (1, 0.000001, 1e+21), or serde_json's as PostHog's property-vals-rs "
+            "writes it (1.0, 1e-6, 1e21)"
+        ),
+    )
 
     _check_horizon = field_validator("dedup_horizon")(lambda v: non_negative(v, "dedup_horizon (0: off)"))
 

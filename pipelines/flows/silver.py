@@ -32,14 +32,16 @@ from silver.page_changes import (
 
 @dataclass(frozen=True)
 class SilverConfig:
-    """What silver.events is configured with: the team buckets and the dedup horizon (0: off)."""
+    """What silver.events is configured with: the team buckets, the dedup horizon (0: off) and the
+    notation of the documents' numbers."""
 
     mapping: BucketMapping
     horizon: timedelta
+    notation: str = "javascript"
 
 
 def silver_config(settings: Settings) -> SilverConfig:
-    return SilverConfig(bucket_mapping(settings), settings.silver.dedup_horizon)
+    return SilverConfig(bucket_mapping(settings), settings.silver.dedup_horizon, settings.silver.number_notation)
 
 
 def events(batch: Batch, config: SilverConfig, record: FlowRecord) -> DataFrame:
@@ -55,7 +57,7 @@ def events(batch: Batch, config: SilverConfig, record: FlowRecord) -> DataFrame:
     rows = batch.rows.transform(assign_buckets(config.mapping)).transform(in_buckets(batch.options.buckets))
     if config.horizon:
         rows = rows.transform(without_repeats(batch, config.horizon, record))
-    out = rows.transform(to_silver_events(config.mapping))
+    out = rows.transform(to_silver_events(config.mapping, config.notation))
     buckets = batch.options.buckets or range(config.mapping.count)
     if len(buckets) > OBSERVED_BUCKETS:  # a figure per bucket is a query of its own (events_figures)
         return out

@@ -19,7 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
 from gold.property_values import FanoutRules, fan_out, merge_source, partials
-from silver.properties import parse_documents
+from silver.properties import JAVASCRIPT, SERDE_JSON, parse_documents
 
 T = datetime(2024, 6, 1, 0, 0, 10, tzinfo=UTC)
 EVENTS = "team_id long, bucket int, event string, event_time timestamp, batch_id string, properties string, person_properties string"
@@ -30,14 +30,15 @@ DEFAULT = FanoutRules()
 
 def fanned(
     spark: SparkSession,
-    properties: str,
+    properties: str | None,
     event: str = "$pageview",
     person: str | None = None,
     rules: FanoutRules = DEFAULT,
+    notation: str = JAVASCRIPT,
 ) -> DataFrame:
     df = spark.createDataFrame([(7, 0, event, T, "b1", properties, person)], EVENTS)
     return (
-        df.transform(parse_documents())
+        df.transform(parse_documents(notation=notation))
         .transform(fan_out(rules))
         .select("property_type", "property_key", "property_value", "skip_reason")
     )
@@ -67,6 +68,8 @@ NUMBERS = {
     "5.684341886080802E-14": "5.684341886080802e-14",  # Java 17 writes ...8015E-14: not the shortest
     "2.82879384806159E17": "282879384806159000",
     "1E400": "Infinity",
+    "5e-324": "5e-324",  # Java writes 4.9E-324: at least two digits
+    "1e-323": "1e-323",  # Java: 9.9E-324
     # Integers keep every digit, past 2^53 and past 64 bits.
     "9007199254740993": "9007199254740993",
     "123456789012345678901234567890": "123456789012345678901234567890",
@@ -115,6 +118,119 @@ def test_fractional_numbers_are_written_as_javascript_writes_them(spark: SparkSe
     got = {r["property_key"]: r["property_value"] for r in fanned(spark, properties).collect()}
     wrong = [(t, got[f"k{i}"], w) for i, (t, w) in enumerate(zip(tokens, want, strict=True)) if got[f"k{i}"] != w]
     assert not wrong, wrong[:10]
+
+
+# -- serde_json's notation (silver.number_notation: serde_json) --------------------------------------
+#: Each token -> the text serde_json 1.0 (default features, ryu) writes for it, as property-vals-rs
+#: stores a number (``Value::to_string()``). Every text was produced by a build of serde_json 1.0.146
+#: (``serde_json::from_str::<Value>`` then ``to_string``), not by this project's code.
+SERDE_NUMBERS = {
+    # integers within u64 / i64: their digits, past 2^53 too
+    "0": "0",
+    "1": "1",
+    "-1": "-1",
+    "42": "42",
+    "100000": "100000",
+    "9007199254740993": "9007199254740993",
+    "123456789012345678": "123456789012345678",
+    "9223372036854775807": "9223372036854775807",
+    "12345678901234567890": "12345678901234567890",
+    "18446744073709551615": "18446744073709551615",
+    "-9223372036854775808": "-9223372036854775808",
+    # integers past 64 bits: an f64
+    "18446744073709551616": "1.8446744073709552e19",
+    "20000000000000000000": "2e19",
+    "100000000000000000000": "1e20",
+    "-9223372036854775809": "-9.223372036854776e18",
+    # a fraction or an exponent: an f64, plain from 1e-5 to under 1e16 (a whole one ends .0)
+    "1.0": "1.0",
+    "0.0": "0.0",
+    "-0": "-0.0",
+    "-0.0": "-0.0",
+    "-0e0": "-0.0",
+    "1.5": "1.5",
+    "-42.5": "-42.5",
+    "100000.0": "100000.0",
+    "1e5": "100000.0",
+    "1E5": "100000.0",
+    "2.5E+10": "25000000000.0",
+    "123456.789e3": "123456789.0",
+    "1e15": "1000000000000000.0",
+    "1727000000000.5": "1727000000000.5",
+    "0.1": "0.1",
+    "0.30000000000000004": "0.30000000000000004",
+    "0.1234567890123456789": "0.12345678901234568",
+    "0.00001": "0.00001",
+    "1.23e-4": "0.000123",
+    # else d.ddde<n>, no plus sign
+    "0.000001": "1e-6",
+    "-0.000001": "-1e-6",
+    "0.000009999": "9.999e-6",
+    "1e-7": "1e-7",
+    "2.5e-10": "2.5e-10",
+    "1e16": "1e16",
+    "1e21": "1e21",
+    "1e+22": "1e22",
+    "1.2345678901234568e+23": "1.2345678901234569e23",
+    "1.5e300": "1.5e300",
+    "1.7976931348623157e308": "1.7976931348623157e308",
+    "5e-324": "5e-324",
+}
+
+
+def test_serde_json_notation_writes_each_number_as_serde_json_does(spark: SparkSession) -> None:
+    properties = "{" + ",".join(f'"k{i}":{token}' for i, token in enumerate(SERDE_NUMBERS)) + "}"
+    got = {r["property_key"]: r["property_value"] for r in fanned(spark, properties, notation=SERDE_JSON).collect()}
+    wrong = [(t, got.get(f"k{i}"), w) for i, (t, w) in enumerate(SERDE_NUMBERS.items()) if got.get(f"k{i}") != w]
+    assert not wrong, wrong
+
+
+#: property-vals-rs's fan-out unit tests (rust/property-vals-rs/src/fan_out.rs): its input blob, and
+#: the (key, value) tuples it asserts, with its caps (key 400, value 255 code points).
+PROPERTY_VALS_RS_CASES = [
+    ('{"$browser":"Chrome"}', [("$browser", "Chrome")]),
+    ('{"nullable_field":null}', []),
+    ('{"blank":""}', []),
+    ('{"a_bool":true}', [("a_bool", "true")]),
+    ('{"a_number":42}', [("a_number", "42")]),
+    ("not valid json", []),
+    ("{}", []),
+    ('{"$browser":"Chrome","email":"a@b.com"}', [("$browser", "Chrome"), ("email", "a@b.com")]),
+    ('{"k":"' + "a" * 255 + '"}', [("k", "a" * 255)]),
+    ('{"k":"' + "a" * 256 + '"}', []),
+    ('{"' + "k" * 400 + '":"v"}', [("k" * 400, "v")]),
+    ('{"' + "k" * 401 + '":"v"}', []),
+    ('{"k":"' + "あ" * 255 + '"}', [("k", "あ" * 255)]),
+    ('{"' + "あ" * 401 + '":"v"}', []),
+    ('{"' + "k" * 401 + '":"ok","k":"' + "v" * 256 + '","ok":"yes"}', [("ok", "yes")]),
+]
+
+
+@pytest.mark.parametrize("notation", [JAVASCRIPT, SERDE_JSON])
+def test_property_vals_rs_fan_out_cases_give_its_tuples(spark: SparkSession, notation: str) -> None:
+    # One event per case (its team is the case's index), and its excluded-keys case on event and
+    # person properties alike; all fanned out in one query.
+    excluded = ("$insert_id", "distinct_id", "$session_id")
+    cases = [(blob, None, tuples) for blob, tuples in PROPERTY_VALS_RS_CASES] + [
+        (
+            '{"$insert_id":"abc-123","$browser":"Chrome","distinct_id":"u1","$session_id":"s1"}',
+            '{"email":"a@b.com","$session_id":"s1","plan":"enterprise"}',
+            [("$browser", "Chrome"), ("email", "a@b.com"), ("plan", "enterprise")],
+        )
+    ]
+    events = spark.createDataFrame(
+        [(team, 0, "$pageview", T, "b1", blob, person) for team, (blob, person, _) in enumerate(cases)], EVENTS
+    )
+    rows = (
+        events.transform(parse_documents(notation=notation))
+        .transform(fan_out(FanoutRules(excluded_keys=excluded)))
+        .where("skip_reason IS NULL")
+        .select("team_id", "property_key", "property_value")
+        .collect()
+    )
+    for team, (blob, person, tuples) in enumerate(cases):
+        got = sorted((r["property_key"], r["property_value"]) for r in rows if r["team_id"] == team)
+        assert got == sorted(tuples), (blob, person)
 
 
 def test_booleans_strings_nulls_and_empties(spark: SparkSession) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from silver.properties import DOCUMENT_COLUMNS, _documents, parse_documents
+from silver.properties import DOCUMENT_COLUMNS, JAVASCRIPT, SERDE_JSON, _documents, parse_documents
 
 SCHEMA = "properties string, person_properties string"
 
@@ -70,5 +70,6 @@ def test_text_that_is_not_an_object_gives_no_document(spark: SparkSession) -> No
 
 def test_the_document_columns_are_built_once_per_session(spark: SparkSession) -> None:
     # Building them is several hundred JVM calls; every silver run of a session reuses them.
-    first = _documents(spark)
-    assert len(first) == len(DOCUMENT_COLUMNS) and _documents(spark) is first
+    first = _documents(spark, JAVASCRIPT)
+    assert len(first) == len(DOCUMENT_COLUMNS) and _documents(spark, JAVASCRIPT) is first
+    assert _documents(spark, SERDE_JSON) is not first  # one set per notation
