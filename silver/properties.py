@@ -114,15 +114,6 @@ def number_text(value: Column, notation: str = JAVASCRIPT) -> Column:
     significant = F.regexp_replace(F.regexp_replace(digits, "^0+", ""), "0+$", "")
     k = F.length(significant)
     n = F.length(whole) + exponent - leading  # the value is 0.<significant> x 10^n
-    # Java writes at least two digits: where one reads back to the same double (a subnormal such
-    # as 5e-324, which Java writes 4.9E-324), that one is the shortest.
-    rounded = F.round(significant.cast("int") / 10).cast("int")
-    one, n_one = F.when(rounded == 10, F.lit("1")).otherwise(rounded.cast("string")), n + (rounded == 10).cast("int")
-    one_is_enough = (k == 2) & (
-        F.concat(F.lit("0."), one, F.lit("e"), n_one.cast("string")).cast("double") == F.abs(double)
-    )
-    significant = F.when(one_is_enough, one).otherwise(significant)
-    n, k = F.when(one_is_enough, n_one).otherwise(n), F.when(one_is_enough, F.lit(1)).otherwise(k)
     if notation == SERDE_JSON:
         sign = F.when(java.startswith("-"), F.lit("-")).otherwise(F.lit(""))
         laid_out = _serde_layout(significant, k, n)
@@ -130,6 +121,13 @@ def number_text(value: Column, notation: str = JAVASCRIPT) -> Column:
         sign = F.when(java.startswith("-") & (k > 0), F.lit("-")).otherwise(F.lit(""))
         laid_out = _javascript_layout(significant, k, n)
     finite = F.when(whole != "", F.concat(sign, laid_out)).otherwise(java)  # else Infinity, -Infinity
+    # Java writes at least two digits, and for a subnormal the closest two can beat d.0 (5e-324
+    # is 4.9E-324): where one digit reads back to the same double, that one is the shortest. Both
+    # notations write a subnormal as d e-n. (A branch of its own: the layouts above reference their
+    # digits many times, and a column is a tree, not a graph, so rewriting the digits would copy it.)
+    one_digit = F.format_string("%.0e", double)
+    subnormal = (F.abs(double) < F.lit(2.2250738585072014e-308)) & (double != 0) & (one_digit.cast("double") == double)
+    finite = F.when(subnormal, F.regexp_replace(one_digit, "e-0*", "e-")).otherwise(finite)
     fractional = kind.isin("DOUBLE", "FLOAT") | kind.startswith("DECIMAL")
     return F.coalesce(integer, F.when(fractional, finite))
 
