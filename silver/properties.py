@@ -56,7 +56,6 @@ _PARSED_TEXT, _PERSON_TEXT = "_properties_text", "_person_text"
 #: How numbers are written (``silver.number_notation``): JavaScript's ``String(x)``, or serde_json's
 #: ``Value::to_string()`` as PostHog's property-vals-rs writes a property value.
 JAVASCRIPT, SERDE_JSON = "javascript", "serde_json"
-NOTATIONS = (JAVASCRIPT, SERDE_JSON)
 
 #: Shortest round-trip digits of a double (Schubfach), in Java's notation; jackson-core ships with
 #: Spark. Java 17's own Double.toString is not always the shortest.
@@ -138,15 +137,11 @@ def _javascript_layout(significant: Column, k: Column, n: Column) -> Column:
     return (
         F.when(k == 0, F.lit("0"))
         .when((k <= n) & (n <= 21), F.concat(significant, F.repeat(F.lit("0"), n - k)))
-        .when(
-            (n > 0) & (n <= 21),
-            F.concat(F.substr(significant, F.lit(1), n), F.lit("."), F.substr(significant, n + 1)),
-        )
-        .when((n > -6) & (n <= 0), F.concat(F.lit("0."), F.repeat(F.lit("0"), -n), significant))
+        .when((n > 0) & (n <= 21), _point_inside(significant, n))
+        .when((n > -6) & (n <= 0), _leading_zeros(significant, n))
         .otherwise(
             F.concat(
-                F.substr(significant, F.lit(1), F.lit(1)),
-                F.when(k > 1, F.concat(F.lit("."), F.substr(significant, F.lit(2)))).otherwise(F.lit("")),
+                _mantissa(significant, k),
                 F.lit("e"),
                 F.when(e >= 0, F.lit("+")).otherwise(F.lit("-")),
                 F.abs(e).cast("string"),
@@ -162,19 +157,27 @@ def _serde_layout(significant: Column, k: Column, n: Column) -> Column:
     return (
         F.when(k == 0, F.lit("0.0"))
         .when((e >= -5) & (e <= 15) & (k <= n), F.concat(significant, F.repeat(F.lit("0"), n - k), F.lit(".0")))
-        .when(
-            (e >= 0) & (e <= 15),
-            F.concat(F.substr(significant, F.lit(1), n), F.lit("."), F.substr(significant, n + 1)),
-        )
-        .when((e >= -5) & (e < 0), F.concat(F.lit("0."), F.repeat(F.lit("0"), -n), significant))
-        .otherwise(
-            F.concat(
-                F.substr(significant, F.lit(1), F.lit(1)),
-                F.when(k > 1, F.concat(F.lit("."), F.substr(significant, F.lit(2)))).otherwise(F.lit("")),
-                F.lit("e"),
-                e.cast("string"),
-            )
-        )
+        .when((e >= 0) & (e <= 15), _point_inside(significant, n))
+        .when((e >= -5) & (e < 0), _leading_zeros(significant, n))
+        .otherwise(F.concat(_mantissa(significant, k), F.lit("e"), e.cast("string")))
+    )
+
+
+def _point_inside(significant: Column, n: Column) -> Column:
+    """``d..d.d..d``: the point after the first ``n`` digits (0 < n < number of digits)."""
+    return F.concat(F.substr(significant, F.lit(1), n), F.lit("."), F.substr(significant, n + 1))
+
+
+def _leading_zeros(significant: Column, n: Column) -> Column:
+    """``0.0..0d..d``: ``-n`` zeros after the point, then the digits (n <= 0)."""
+    return F.concat(F.lit("0."), F.repeat(F.lit("0"), -n), significant)
+
+
+def _mantissa(significant: Column, k: Column) -> Column:
+    """``d`` or ``d.d..d``: the digits with the point after the first, for an exponent form."""
+    return F.concat(
+        F.substr(significant, F.lit(1), F.lit(1)),
+        F.when(k > 1, F.concat(F.lit("."), F.substr(significant, F.lit(2)))).otherwise(F.lit("")),
     )
 
 
