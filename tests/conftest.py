@@ -126,6 +126,10 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
         delta_engine="delta-spark" if os.environ.get(DELTA_JARS_ENV) else "delta-rs",
     )
     session = build_spark(settings)
+    if os.environ.get(CATALOG_ENV):
+        from tests.infra.no_log_paths import forbid_delta_log_paths
+
+        forbid_delta_log_paths()  # tables by name: through the catalog, never at _delta_log
     if remote:
         from pyspark.sql.utils import is_remote
 

@@ -42,6 +42,7 @@ from gold.export import (
 from gold.property_values import WINDOW_START
 from pipelines.config.sections import ClickHouseSettings, GoldSettings
 from pipelines.config.settings import Settings
+from pipelines.errors import StorageError
 from pipelines.flows import flow_names
 from pipelines.runtime.flow_types import DeclaredTables, ExportRun, FlowRecord
 from pipelines.runtime.runner import app_id
@@ -51,7 +52,7 @@ from pipelines.storage import AppTxn
 
 APP = app_id(flow_names.EXPORT_CLICKHOUSE, GOLD_PROPERTY_VALUES)
 #: The outbox records each batch under this app id: sent in the order of its files. Batches written
-#: before that are under ``APP``: sent sorted by key.
+#: before that, and those of tables by name, are under ``APP``: sent sorted by key.
 FILES_APP = f"{APP}#files"
 
 
@@ -100,7 +101,12 @@ class PropertyValuesExport:
     def resend(self, seq: int) -> int:
         """Send outbox batch ``seq`` again, as it was first cut, and record it; returns rows sent."""
         rows = self.record.cache(self.tables.read(EXPORT_OUTBOX, where=f"export_seq = {seq}"))
-        in_files = self.tables.txn_version(EXPORT_OUTBOX, FILES_APP) == seq  # else a batch from before
+        in_files = self.tables.txn_version(EXPORT_OUTBOX, FILES_APP) == seq  # else sent sorted by key
+        if in_files and not self.tables.streams_commit_files(EXPORT_OUTBOX):
+            raise StorageError(
+                f"export batch {seq} was recorded to be sent from its outbox files, which tables by name do "
+                "not read: finish it with the tables by path (catalog and schema unset), then switch"
+            )
         outbox_version = self.tables.commit_of(EXPORT_OUTBOX, AppTxn(FILES_APP, seq)) if in_files else None
         return self.deliver(seq, rows, batch_figures(rows), outbox_version)
 
@@ -248,10 +254,14 @@ def property_values(run: ExportRun, config: ExportConfig, record: FlowRecord) ->
         record.noop("no closed window has counts to export" + gated)
         return
     gate = run.gate(EXPORT_DATASET, batch.rows, AppTxn(APP, seq))
-    outbox_version = gate.write(lambda rows: tables.append(EXPORT_OUTBOX, rows, [AppTxn(FILES_APP, seq)]))
+    # Sent from the outbox commit's files where the store reads a commit's files (by path); tables
+    # by name are read through the catalog only, so their batches are sent sorted by key.
+    in_files = tables.streams_commit_files(EXPORT_OUTBOX)
+    outbox_txn = AppTxn(FILES_APP if in_files else APP, seq)
+    outbox_version = gate.write(lambda rows: tables.append(EXPORT_OUTBOX, rows, [outbox_txn]))
     # A gate's drop check may have kept fewer rows than the batch counted: count what it kept.
     figures = batch.figures if gate.kept_all else batch_figures(gate.rows)
-    sent = export.deliver(seq, gate.rows, figures, outbox_version)
+    sent = export.deliver(seq, gate.rows, figures, outbox_version if in_files else None)
     record.rows(sent, sent)
     record.say(
         f"export: batch {seq}: {sent:,} rows to ClickHouse {clickhouse.PROPERTY_VALUES_TABLE} "

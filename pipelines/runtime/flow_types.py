@@ -354,6 +354,9 @@ class DeclaredTables:
         """``df``'s rows as Arrow batches in the driver, one at a time (for the sink)."""
         return self._store.stream(df)
 
+    def streams_commit_files(self, spec: TableSpec) -> bool:
+        return self._store.streams_commit_files(self._mine(spec))
+
     def stream_added(
         self, spec: TableSpec, version: int, columns: Sequence[str]
     ) -> AbstractContextManager[pa.RecordBatchReader]:

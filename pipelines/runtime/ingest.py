@@ -153,7 +153,7 @@ def _files_to_land(
     target = KINDS[kind].target
     files: list[tuple[LandingFile, AppTxn]] = []
     for f in file_digests(ctx.spark, readable):
-        txn = AppTxn(f"medallion/ingest-file/{kind}/{f.digest}", 0)
+        txn = AppTxn(f"medallion/ingest-file/{kind}/{f.digest}", 0, once=True)
         seen = any(b.digest == f.digest for b, _ in files)
         if seen or ctx.store.txn_version(target, txn.app_id) is not None:
             record.incr(files_skipped=1)

@@ -131,10 +131,12 @@ class TableSpec:
 
 @dataclass(frozen=True)
 class AppTxn:
-    """An app transaction: ``app_id`` has processed everything up to ``version``."""
+    """An app transaction: ``app_id`` has processed everything up to ``version``. ``once``: an id
+    written once and never advanced (a landed file's content), which need not be carried forward."""
 
     app_id: str
     version: int
+    once: bool = False
 
 
 @dataclass(frozen=True)
@@ -280,12 +282,18 @@ class TableStore(ABC):
         """``df``'s rows as Arrow batches in the driver, one batch at a time (for driver-side sinks)."""
         return self.files.staged(df)
 
+    def streams_commit_files(self, spec: TableSpec) -> bool:
+        """Whether :meth:`stream_added` can read ``spec``'s commits: they are read from its log by
+        path, which a table read through a catalog does not allow."""
+        return True
+
     def stream_added(
         self, spec: TableSpec, version: int, columns: Sequence[str]
     ) -> AbstractContextManager[pa.RecordBatchReader]:
         """The rows commit ``version`` added, as Arrow batches in the driver, always in the same
         order (its files by path, each file's rows in order), with no Spark job: for a
-        driver-side sink that must cut the same rows into the same chunks on a retry."""
+        driver-side sink that must cut the same rows into the same chunks on a retry. Only where
+        :meth:`streams_commit_files`."""
         return self.files.added(self.path(spec), version, columns)
 
     def commit_of(self, spec: TableSpec, txn: AppTxn) -> int:

@@ -8,16 +8,15 @@ job asks for several times, comes from Delta's own log in the JVM (a listing of 
 about 13 ms) rather than ``DESCRIBE HISTORY`` (about 0.3 s on 2 cores). Elsewhere, or if that
 class is not there (Databricks' own Delta), the SQL answers.
 
-App transactions use Delta's idempotent-write options: ``txnAppId``/``txnVersion`` on the
-DataFrame writer for appends, and the ``spark.databricks.delta.write.txnAppId``/``txnVersion``
-session confs for MERGE and DELETE. Delta records one app transaction per commit this way, so a
-writer that must record several (one per Kafka partition) is given one combined id by its caller.
-Reading them back, Delta has no SQL for the snapshot's app transactions. On a classic session with
-open-source Delta, :meth:`txn_versions` asks the JVM's snapshot of the table, whose state Delta
-builds once and reuses for the next write's own check of its app id (each such write builds it
-anyway: a lookup before it then costs no Spark job of its own). Elsewhere, or for an older
-version, it reads them where the protocol keeps them: the latest checkpoint and the commits after
-it, two small Spark reads of the table's ``_delta_log`` (:func:`pipelines.storage.delta_log.read_txns`).
+App transactions use Delta's idempotent-write options (``txnAppId``/``txnVersion`` on the writer
+for appends, session confs for MERGE and DELETE), one per commit: a writer that records several
+is given one combined id by its caller. Each such commit also writes its progress in its commit
+info (:mod:`pipelines.storage.commit_progress`). Reading them back, Delta has no SQL for a
+snapshot's app transactions: tables by name read that commit info through ``DESCRIBE HISTORY``,
+never a path under ``_delta_log`` (Unity Catalog's managed tables keep commits a listing can
+miss). By path, on a classic session with open-source Delta, the JVM's snapshot of the table
+answers (a write with an app id builds it anyway for its own check); elsewhere the latest
+checkpoint and the commits after it, two small Spark reads (:func:`read_txns`).
 """
 
 from __future__ import annotations
@@ -25,11 +24,12 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from typing import Any
 from uuid import uuid4
 
+import pyarrow as pa
 from py4j.protocol import Py4JError, Py4JJavaError
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
@@ -47,32 +47,23 @@ from pipelines.storage.base import (
     TxnSnapshot,
     predicate_sql,
 )
+from pipelines.storage.commit_progress import HistoryProgress, commit_metadata, sets
 from pipelines.storage.conform import conform_df
 from pipelines.storage.delta_log import jvm_delta_log, read_txns
-from pipelines.storage.spark_sql import column_ddl, quote, sql_string
+from pipelines.storage.spark_sql import column_ddl, is_delta_conflict, quote, sql_string
 
 TXN_APP_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
+USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
+#: Commits of history read for app transactions by name: more than any writer's span from its read
+#: to its commit (see :mod:`pipelines.storage.commit_progress`).
+HISTORY_WINDOW = 200
 #: File sizes under control: writes bin-pack by partition, and tables that grow by small commits
 #: are compacted after a write once they have enough small files.
 WRITE_CONFS = {
     "spark.databricks.delta.optimizeWrite.enabled": "true",
     "spark.databricks.delta.autoCompact.enabled": "true",
 }
-#: Delta's commit-conflict exceptions, by class name and by error condition: classic sessions
-#: raise them as captured JVM exceptions, Spark Connect as errors that carry the same names.
-CONFLICTS = (
-    "ConcurrentAppendException",
-    "ConcurrentDeleteReadException",
-    "ConcurrentDeleteDeleteException",
-    "ConcurrentTransactionException",
-    "ConcurrentWriteException",
-    "MetadataChangedException",
-    "ProtocolChangedException",
-    "DELTA_CONCURRENT_",
-    "DELTA_METADATA_CHANGED",
-    "DELTA_PROTOCOL_CHANGED",
-)
 #: Read app transactions from the commits since a version already read, up to this many commits.
 MAX_INCREMENTAL_COMMITS = 100
 #: How long ensure() waits for a table another task is creating to show its first version.
@@ -86,11 +77,6 @@ def _one_txn(txns: Sequence[AppTxn]) -> AppTxn | None:
             f"got {len(txns)} ({', '.join(t.app_id for t in txns)})"
         )
     return txns[0] if txns else None
-
-
-def _is_conflict(exc: Exception) -> bool:
-    text = f"{type(exc).__name__} {getattr(exc, 'getCondition', lambda: '')() or ''} {exc}"
-    return any(name in text for name in CONFLICTS)
 
 
 class DeltaSparkStore(TableStore):
@@ -120,9 +106,13 @@ class DeltaSparkStore(TableStore):
             spark.conf.set(key, value)
         #: (table location, table version) -> app id -> version: the log read once per version.
         self._txn_cache: dict[tuple[str, int], dict[str, int | None]] = {}
+        #: By name: each version's progress, as its newest commits record it.
+        self._by_name = HistoryProgress(self._history_commits, self.location, HISTORY_WINDOW)
         self.catalog, self.schema = catalog, schema
         self._registered: set[str] = set()
-        self._delta_log = jvm_delta_log(spark)
+        # Tables by name are read through the catalog only: Unity Catalog's managed tables keep
+        # their commits where a listing of _delta_log can miss them (catalog-managed commits).
+        self._delta_log = jvm_delta_log(spark) if catalog is None else None
 
     # -- naming -----------------------------------------------------------------------------
     def name(self, spec: TableSpec) -> str | None:
@@ -166,17 +156,25 @@ class DeltaSparkStore(TableStore):
             return conform_df(data, spec.schema)
         return self.to_spark(self.to_arrow(spec, data), spec.schema)
 
-    def _txn_confs(self, txn: AppTxn | None) -> Any:
+    def _txn_confs(self, spec: TableSpec, txn: AppTxn | None) -> Any:
+        if txn is None:
+            return session_confs(self.spark, {})
+        metadata = self._metadata(spec, txn)
         return session_confs(
-            self.spark, {} if txn is None else {TXN_APP_CONF: txn.app_id, TXN_VERSION_CONF: str(txn.version)}
+            self.spark, {TXN_APP_CONF: txn.app_id, TXN_VERSION_CONF: str(txn.version), USER_METADATA_CONF: metadata}
         )
+
+    def _metadata(self, spec: TableSpec, txn: AppTxn) -> str:
+        """The commit info that records ``txn``: by name, with the progress carried forward."""
+        carried = self._by_name.newest(spec, lambda: self.version(spec)) if self.catalog is not None else {}
+        return commit_metadata(txn.app_id, txn.version, txn.once, carried)
 
     @contextmanager
     def _conflicts(self, what: str) -> Iterator[None]:
         try:
             yield
         except Exception as exc:
-            if _is_conflict(exc):
+            if is_delta_conflict(exc):
                 raise CommitConflictError(f"{what} conflicted: {exc}") from exc
             raise
 
@@ -240,6 +238,7 @@ class DeltaSparkStore(TableStore):
         writer = self._df(spec, data).write.format("delta").mode(mode)
         if txn is not None:
             writer = writer.option("txnAppId", txn.app_id).option("txnVersion", txn.version)
+            writer = writer.option("userMetadata", self._metadata(spec, txn))
         with self._conflicts(f"{mode} of {spec.key}"):
             self._save(spec, writer)
         return self._version(spec)
@@ -274,7 +273,7 @@ class DeltaSparkStore(TableStore):
         )
         src.createOrReplaceTempView(view)
         try:
-            with self._txn_confs(_one_txn(txns)), self._conflicts(f"merge into {spec.key}"):
+            with self._txn_confs(spec, _one_txn(txns)), self._conflicts(f"merge into {spec.key}"):
                 self.spark.sql(f"MERGE INTO {self.ident(spec)} AS t USING {view} AS s ON {on} {matched} {not_matched}")
         finally:
             self.spark.catalog.dropTempView(view)
@@ -282,7 +281,7 @@ class DeltaSparkStore(TableStore):
 
     def delete(self, spec: TableSpec, predicate: Predicate, txns: Sequence[AppTxn] = ()) -> int:
         predicate = predicate_sql(self.spark, predicate, spec.schema)
-        with self._txn_confs(_one_txn(txns)), self._conflicts(f"delete from {spec.key}"):
+        with self._txn_confs(spec, _one_txn(txns)), self._conflicts(f"delete from {spec.key}"):
             self.spark.sql(f"DELETE FROM {self.ident(spec)} WHERE {predicate}")
         return self._version(spec)
 
@@ -374,15 +373,14 @@ class DeltaSparkStore(TableStore):
                 if found is not None:
                     cached.update(found)
                     missing = []
+        if missing and self.catalog is not None:
+            progress = self._by_name.at(spec, version)
+            cached.update({a: progress[a].version if a in progress else None for a in missing})
+            missing = []
         if missing:
             # A version of this table read before for these app ids: only the commits since then
             # can have changed them (txn actions are never removed), so read just those.
-            known = [
-                v
-                for (loc, v), txns in self._txn_cache.items()
-                if loc == location and v < version and set(missing) <= set(txns)
-            ]
-            base = max(known, default=None)
+            base = self._known_base(location, version, missing)
             newer = None
             if base is not None and version - base <= MAX_INCREMENTAL_COMMITS:
                 with contextlib.suppress(AnalysisException):  # a commit file cleaned up since: read it all
@@ -396,6 +394,41 @@ class DeltaSparkStore(TableStore):
         while len(self._txn_cache) > 256:
             self._txn_cache.pop(next(iter(self._txn_cache)))
         return {a: cached[a] for a in app_ids}
+
+    def _known_base(self, location: str, version: int, app_ids: Sequence[str]) -> int | None:
+        """The newest version before ``version`` whose app transactions for ``app_ids`` are cached."""
+        known = [
+            v
+            for (loc, v), txns in self._txn_cache.items()
+            if loc == location and v < version and set(app_ids) <= set(txns)
+        ]
+        return max(known, default=None)
+
+    def _history_commits(self, spec: TableSpec, limit: int, version: int) -> list[tuple[int, str | None]]:
+        """(version, userMetadata) of the newest ``limit`` commits up to ``version``, by name."""
+        history = self._history(self.ident(spec), limit).where(F.col("version") <= version)
+        # Commit metadata, one row per commit, at most ``limit``: bookkeeping, not row data.
+        return [(int(r["version"]), r["userMetadata"]) for r in history.select("version", "userMetadata").collect()]
+
+    def streams_commit_files(self, spec: TableSpec) -> bool:
+        return self.name(spec) is None  # by name, never through the log by path
+
+    def stream_added(
+        self, spec: TableSpec, version: int, columns: Sequence[str]
+    ) -> AbstractContextManager[pa.RecordBatchReader]:
+        if self.name(spec) is not None:
+            raise StorageError(f"{spec.key} is read by name: a commit's files are not read from its log by path")
+        return super().stream_added(spec, version, columns)
+
+    def commit_of(self, spec: TableSpec, txn: AppTxn) -> int:
+        if self.name(spec) is None:
+            return super().commit_of(spec, txn)
+        # By name, from the commit info that recorded it (the newest commits: a retry's).
+        for version, metadata in self._history_commits(spec, HISTORY_WINDOW, self._version(spec)):
+            if sets(metadata, txn.app_id, txn.version):
+                return version
+        window = f"in its last {HISTORY_WINDOW}"
+        raise StorageError(f"no commit of {spec.key} {window} records {txn.app_id} at {txn.version}")
 
     def stats(self, spec: TableSpec) -> TableStats:
         last = self._last_commit(spec)

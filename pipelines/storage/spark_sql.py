@@ -25,3 +25,24 @@ def column_ddl(schema: StructType) -> str:
 
 def sql_string(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+#: Delta's commit-conflict exceptions, by class name and by error condition: classic sessions
+#: raise them as captured JVM exceptions, Spark Connect as errors that carry the same names.
+CONFLICTS = (
+    "ConcurrentAppendException",
+    "ConcurrentDeleteReadException",
+    "ConcurrentDeleteDeleteException",
+    "ConcurrentTransactionException",
+    "ConcurrentWriteException",
+    "MetadataChangedException",
+    "ProtocolChangedException",
+    "DELTA_CONCURRENT_",
+    "DELTA_METADATA_CHANGED",
+    "DELTA_PROTOCOL_CHANGED",
+)
+
+
+def is_delta_conflict(exc: Exception) -> bool:
+    text = f"{type(exc).__name__} {getattr(exc, 'getCondition', lambda: '')() or ''} {exc}"
+    return any(name in text for name in CONFLICTS)
