@@ -25,6 +25,7 @@ SHARED = (
     ("lake_root", "--lake-root", "${var.lake_root}"),
     ("catalog", "--set=catalog", "${var.catalog}"),
     ("schema", "--set=schema", "${var.schema}"),
+    ("table_kind", "--set=table_kind", "${var.table_kind}"),
     ("clickhouse_dsn", "--set=clickhouse.dsn", "${var.clickhouse_url}"),
     ("kafka_bootstrap_servers", "--set=kafka.bootstrap_servers", "${var.kafka_bootstrap_servers}"),
 )

@@ -65,6 +65,10 @@ class Settings(BaseSettings):
         description="with schema: tables are <catalog>.<schema>.<layer>_<name> in the metastore (delta-spark)",
     )
     schema: str | None = Field(default=None, description="the catalog schema (database) of the tables")  # type: ignore[assignment]
+    table_kind: Literal["external", "managed"] = Field(
+        default="external",
+        description="tables by name: external (files under lake_root) or managed (the catalog keeps them)",
+    )
     spark: SparkSettings = Field(default_factory=SparkSettings)
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
@@ -91,6 +95,8 @@ class Settings(BaseSettings):
     def _defaults(self) -> Settings:
         if (self.catalog is None) != (self.schema is None):
             raise ValueError("catalog and schema are set together (tables are <catalog>.<schema>.<layer>_<name>)")
+        if self.table_kind == "managed" and self.catalog is None:
+            raise ValueError("table_kind=managed names tables in a catalog: set catalog and schema")
         if self.catalog is not None and self.delta_engine != "delta-spark":
             raise ValueError("tables by catalog name need delta_engine=delta-spark (delta-rs reads tables by path)")
         if self.clickhouse.dsn is None:

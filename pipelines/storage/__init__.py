@@ -27,7 +27,14 @@ def open_store(settings: Settings, spark: SparkSession | None) -> TableStore:
     if settings.delta_engine == "delta-spark":
         from pipelines.storage.deltaspark import DeltaSparkStore
 
-        return DeltaSparkStore(spark, settings.lake_root, settings.storage_options, settings.catalog, settings.schema)
+        return DeltaSparkStore(
+            spark,
+            settings.lake_root,
+            settings.storage_options,
+            settings.catalog,
+            settings.schema,
+            managed=settings.table_kind == "managed",
+        )
     from pipelines.storage.deltars import DeltaRsStore
 
     return DeltaRsStore(spark, settings.lake_root, settings.storage_options)

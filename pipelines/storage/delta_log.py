@@ -5,6 +5,7 @@ among ``_delta_log`` file names, then the commits after it)."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -17,6 +18,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.utils import is_remote
 
 _TXN_SCHEMA = "txn struct<appId: string, version: long>"
+#: Read app transactions from the commits since a version already read, up to this many commits.
+MAX_INCREMENTAL_COMMITS = 100
 
 
 class JvmDeltaLog:
@@ -138,3 +141,45 @@ def checkpoint_version(spark: SparkSession, log: str, version: int) -> int | Non
             return None
         raise
     return newest_checkpoint(listed, version)
+
+
+class PathTxns:
+    """App transactions of tables by path, each version's read once: from the JVM's snapshot where
+    ``jvm`` is at hand, else from the log's files, only the commits since a version read before
+    where there is one (txn actions are never removed)."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        self.spark = spark
+        #: (table location, table version) -> app id -> version.
+        self._cache: dict[tuple[str, int], dict[str, int | None]] = {}
+
+    def at(self, location: str, version: int, app_ids: Sequence[str], jvm: JvmDeltaLog | None) -> dict[str, int | None]:
+        cached = self._cache.setdefault((location, version), {})
+        missing = [a for a in dict.fromkeys(app_ids) if a not in cached]
+        if missing and jvm is not None:
+            with contextlib.suppress(Py4JError):  # the log's own reads below answer instead
+                found = jvm.txn_versions_at(location, version, missing)
+                if found is not None:
+                    cached.update(found)
+                    missing = []
+        if missing:
+            base = self._known_base(location, version, missing)
+            newer = None
+            if base is not None and version - base <= MAX_INCREMENTAL_COMMITS:
+                with contextlib.suppress(AnalysisException):  # a commit file cleaned up since: read it all
+                    newer = read_txns(self.spark, location, version, missing, since=base)
+            if newer is not None and base is not None:
+                older = self._cache[(location, base)]
+                cached.update({a: newer[a] if newer[a] is not None else older[a] for a in missing})
+            else:
+                cached.update(read_txns(self.spark, location, version, missing))
+        while len(self._cache) > 256:
+            self._cache.pop(next(iter(self._cache)))
+        return {a: cached[a] for a in app_ids}
+
+    def _known_base(self, location: str, version: int, app_ids: Sequence[str]) -> int | None:
+        """The newest version before ``version`` whose app transactions for ``app_ids`` are cached."""
+        known = [
+            v for (loc, v), txns in self._cache.items() if loc == location and v < version and set(app_ids) <= set(txns)
+        ]
+        return max(known, default=None)

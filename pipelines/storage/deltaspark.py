@@ -16,12 +16,11 @@ snapshot's app transactions: tables by name read that commit info through ``DESC
 never a path under ``_delta_log`` (Unity Catalog's managed tables keep commits a listing can
 miss). By path, on a classic session with open-source Delta, the JVM's snapshot of the table
 answers (a write with an app id builds it anyway for its own check); elsewhere the latest
-checkpoint and the commits after it, two small Spark reads (:func:`read_txns`).
+checkpoint and the commits after it, two small Spark reads (:class:`~pipelines.storage.delta_log.PathTxns`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -49,7 +48,7 @@ from pipelines.storage.base import (
 )
 from pipelines.storage.commit_progress import HistoryProgress, commit_metadata, sets
 from pipelines.storage.conform import conform_df
-from pipelines.storage.delta_log import jvm_delta_log, read_txns
+from pipelines.storage.delta_log import PathTxns, jvm_delta_log
 from pipelines.storage.spark_sql import column_ddl, is_delta_conflict, quote, sql_string
 
 TXN_APP_CONF = "spark.databricks.delta.write.txnAppId"
@@ -64,8 +63,6 @@ WRITE_CONFS = {
     "spark.databricks.delta.optimizeWrite.enabled": "true",
     "spark.databricks.delta.autoCompact.enabled": "true",
 }
-#: Read app transactions from the commits since a version already read, up to this many commits.
-MAX_INCREMENTAL_COMMITS = 100
 #: How long ensure() waits for a table another task is creating to show its first version.
 ENSURE_WAIT_S = 30.0
 
@@ -90,9 +87,12 @@ class DeltaSparkStore(TableStore):
         storage_options: Mapping[str, str] | None = None,
         catalog: str | None = None,
         schema: str | None = None,
+        managed: bool = False,
     ):
         if (catalog is None) != (schema is None):
             raise StorageError("tables by name need both a catalog and a schema")
+        if managed and catalog is None:
+            raise StorageError("managed tables are tables by name: set a catalog and a schema")
         if spark is None:
             raise EngineUnavailableError("the delta-spark engine needs a SparkSession")
         super().__init__(spark, lake_root, storage_options)
@@ -104,11 +104,14 @@ class DeltaSparkStore(TableStore):
             )
         for key, value in WRITE_CONFS.items():
             spark.conf.set(key, value)
-        #: (table location, table version) -> app id -> version: the log read once per version.
-        self._txn_cache: dict[tuple[str, int], dict[str, int | None]] = {}
+        #: By path: each version's app transactions, from the JVM's snapshot or the log's files.
+        self._by_path_txns = PathTxns(spark)
         #: By name: each version's progress, as its newest commits record it.
         self._by_name = HistoryProgress(self._history_commits, self.location, HISTORY_WINDOW)
         self.catalog, self.schema = catalog, schema
+        #: Managed: the catalog creates and keeps the tables' files (no LOCATION, nothing under
+        #: lake_root); external: the files are at <lake_root>/<layer>/<name>, named in the catalog.
+        self.managed = managed
         self._registered: set[str] = set()
         # Tables by name are read through the catalog only: Unity Catalog's managed tables keep
         # their commits where a listing of _delta_log can miss them (catalog-managed commits).
@@ -136,8 +139,9 @@ class DeltaSparkStore(TableStore):
     def _register(self, spec: TableSpec, name: str) -> None:
         """Name the table in the catalog if its files exist but the catalog does not know it yet:
         an external table over ``<lake_root>/<layer>/<name>`` (a metastore that persists, Unity
-        Catalog or Hive, knows it from then on; Spark's in-memory one, per session)."""
-        if not self.spark.catalog.tableExists(name.replace("`", "")):
+        Catalog or Hive, knows it from then on; Spark's in-memory one, per session). A managed
+        table is the catalog's own: nothing to register."""
+        if not self.managed and not self.spark.catalog.tableExists(name.replace("`", "")):
             if self._newest_version(spec, self._by_path(spec)) is None:
                 return  # no table yet: ensure() creates it by name
             self._ensure_schema()
@@ -148,8 +152,10 @@ class DeltaSparkStore(TableStore):
         self.spark.sql(f"CREATE SCHEMA IF NOT EXISTS {quote(self.catalog or '')}.{quote(self.schema or '')}")
 
     def location(self, spec: TableSpec) -> str:
-        """Where the table's files (and ``_delta_log``) are."""
-        return self.path(spec)
+        """Where the table's files (and ``_delta_log``) are; for a managed table, which the
+        catalog keeps where it chooses, its name."""
+        name = self.name(spec)
+        return name if self.managed and name is not None else self.path(spec)
 
     def _df(self, spec: TableSpec, data: Data) -> DataFrame:
         if isinstance(data, DataFrame):
@@ -202,7 +208,7 @@ class DeltaSparkStore(TableStore):
             parts.append(
                 "TBLPROPERTIES (" + ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in props.items()) + ")"
             )
-        if name is not None:
+        if name is not None and not self.managed:
             # External: the files stay at the lake path, whichever metastore names them.
             parts.append(f"LOCATION {sql_string(self.path(spec))}")
         # Tasks that start together (a for_each over buckets) race to create a table: a loser finds
@@ -299,11 +305,13 @@ class DeltaSparkStore(TableStore):
         return pinned.where(F.col(column) >= F.lit(since))
 
     def read_changes(self, spec: TableSpec, start_version: int, end_version: int | None = None) -> DataFrame:
+        end = self._version(spec) if end_version is None else end_version
+        if start_version > end:  # nothing since: Delta's change feed refuses a start past the newest
+            return self.read_changes(spec, end, end).where(F.lit(False))
         reader = (
             self.spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", start_version)
         )
-        if end_version is not None:
-            reader = reader.option("endingVersion", end_version)
+        reader = reader.option("endingVersion", end)
         return reader.load(self.path(spec)) if self.name(spec) is None else reader.table(self.ident(spec))
 
     def _last_commit(self, spec: TableSpec) -> Any:
@@ -364,45 +372,10 @@ class DeltaSparkStore(TableStore):
         return self._txns_at(spec, version, app_ids)
 
     def _txns_at(self, spec: TableSpec, version: int, app_ids: Sequence[str]) -> dict[str, int | None]:
-        location = self.location(spec)
-        cached = self._txn_cache.setdefault((location, version), {})
-        missing = [a for a in dict.fromkeys(app_ids) if a not in cached]
-        if missing and self._delta_log is not None:
-            with contextlib.suppress(Py4JError):  # the log's own reads below answer instead
-                found = self._delta_log.txn_versions_at(location, version, missing)
-                if found is not None:
-                    cached.update(found)
-                    missing = []
-        if missing and self.catalog is not None:
-            progress = self._by_name.at(spec, version)
-            cached.update({a: progress[a].version if a in progress else None for a in missing})
-            missing = []
-        if missing:
-            # A version of this table read before for these app ids: only the commits since then
-            # can have changed them (txn actions are never removed), so read just those.
-            base = self._known_base(location, version, missing)
-            newer = None
-            if base is not None and version - base <= MAX_INCREMENTAL_COMMITS:
-                with contextlib.suppress(AnalysisException):  # a commit file cleaned up since: read it all
-                    newer = read_txns(self.spark, location, version, missing, since=base)
-            if newer is not None and base is not None:
-                cached.update(
-                    {a: newer[a] if newer[a] is not None else self._txn_cache[(location, base)][a] for a in missing}
-                )
-            else:
-                cached.update(read_txns(self.spark, location, version, missing))
-        while len(self._txn_cache) > 256:
-            self._txn_cache.pop(next(iter(self._txn_cache)))
-        return {a: cached[a] for a in app_ids}
-
-    def _known_base(self, location: str, version: int, app_ids: Sequence[str]) -> int | None:
-        """The newest version before ``version`` whose app transactions for ``app_ids`` are cached."""
-        known = [
-            v
-            for (loc, v), txns in self._txn_cache.items()
-            if loc == location and v < version and set(app_ids) <= set(txns)
-        ]
-        return max(known, default=None)
+        if self.catalog is None:
+            return self._by_path_txns.at(self.location(spec), version, app_ids, self._delta_log)
+        progress = self._by_name.at(spec, version)
+        return {a: progress[a].version if a in progress else None for a in app_ids}
 
     def _history_commits(self, spec: TableSpec, limit: int, version: int) -> list[tuple[int, str | None]]:
         """(version, userMetadata) of the newest ``limit`` commits up to ``version``, by name."""

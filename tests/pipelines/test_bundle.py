@@ -59,6 +59,7 @@ SAMPLE_VARS = {
     "lake_root": "s3://bucket/medallion",
     "catalog": "main",
     "schema": "medallion",
+    "table_kind": "managed",
     "clickhouse_url": "https://clickhouse.internal:8443",
     "kafka_bootstrap_servers": "kafka:9092",
     "buckets": "[0, 1]",
@@ -70,6 +71,7 @@ COMMON_ARGS = [
     "--engine=delta-spark",
     "--set=catalog=${var.catalog}",
     "--set=schema=${var.schema}",
+    "--set=table_kind=${var.table_kind}",
     "--set=clickhouse.dsn=${var.clickhouse_url}",
 ]
 #: Tasks that write to ClickHouse and so need the password from the secret scope.

@@ -69,6 +69,50 @@ def test_a_new_session_finds_the_tables_again_by_registering_the_lake(
     assert SCHEMA == spark.table("spark_catalog.medallion_again.test_things").schema
 
 
+def test_managed_tables_are_the_catalogs_own_files_and_keep_their_progress_by_name(
+    delta_spark: SparkSession, tmp_path: Path
+) -> None:
+    """Unity Catalog's default table kind: created without a location, its files where the catalog
+    keeps them (here the session's warehouse), nothing under lake_root; read, written, merged and
+    its progress found by name only."""
+    spark = delta_spark
+    lake = tmp_path / "lake"
+    settings = load_settings(
+        lake_root=str(lake),
+        delta_engine="delta-spark",
+        catalog="spark_catalog",
+        schema="medallion_managed",
+        table_kind="managed",
+    )
+    name = "spark_catalog.medallion_managed.test_things"
+    try:
+        store = open_store(settings, spark)
+        assert store.ensure(SPEC) is True
+        table_type = spark.sql(f"DESCRIBE TABLE EXTENDED {name}").where("col_name = 'Type'").first()
+        assert table_type["data_type"] == "MANAGED"
+        location = spark.sql(f"DESCRIBE DETAIL {name}").first()["location"]
+        assert str(lake) not in location and "_spark_warehouse" in location
+
+        store.append(SPEC, rows(spark, [("a", 1, 10, T0), ("b", 2, 20, T0)]), txns=[AppTxn("job", 3)])
+        store.merge(SPEC, rows(spark, [("a", 1, 5, T0), ("c", 1, 1, T0)]), on="t.k = s.k", update={"n": "t.n + s.n"})
+        store.append(SPEC, rows(spark, [("d", 1, 1, T0)]), txns=[AppTxn("other", 1)])
+        expected = rows(spark, [("a", 1, 15, T0), ("b", 2, 20, T0), ("c", 1, 1, T0), ("d", 1, 1, T0)])
+        assertDataFrameEqual(spark.sql(f"SELECT * FROM {name}"), expected)
+        # A new store (a new job) finds each source's progress from the commits' info, by name.
+        fresh = open_store(settings, spark)
+        assert {a: fresh.txn_version(SPEC, a) for a in ("job", "other", "never")} == {
+            "job": 3,
+            "other": 1,
+            "never": None,
+        }
+        # A batch sent twice is refused by Delta's own check of the app transaction.
+        fresh.append(SPEC, rows(spark, [("z", 9, 9, T0)]), txns=[AppTxn("job", 3)])
+        assertDataFrameEqual(fresh.read(SPEC), expected)
+        assert not lake.exists() or not any(lake.rglob("_delta_log"))
+    finally:
+        spark.sql("DROP SCHEMA IF EXISTS spark_catalog.medallion_managed CASCADE")
+
+
 def test_catalog_names_need_both_parts_and_the_delta_spark_engine(tmp_path: Path) -> None:
     from pipelines.errors import SettingsError
 
@@ -76,3 +120,5 @@ def test_catalog_names_need_both_parts_and_the_delta_spark_engine(tmp_path: Path
         load_settings(lake_root=str(tmp_path), delta_engine="delta-spark", catalog="main")
     with pytest.raises(SettingsError, match="delta-spark"):
         load_settings(lake_root=str(tmp_path), catalog="main", schema="medallion")
+    with pytest.raises(SettingsError, match="managed"):
+        load_settings(lake_root=str(tmp_path), delta_engine="delta-spark", table_kind="managed")

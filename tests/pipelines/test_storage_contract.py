@@ -196,6 +196,10 @@ def test_read_changes_returns_inserts_and_update_images_by_version(store: TableS
         inserted,
         spark.createDataFrame([("a", 10, v1), ("a", 15, v2), ("b", 1, v2)], "k string, n long, _commit_version long"),
     )
+    # Nothing committed since the last version read: no changes, on both engines (a reader that
+    # caught up asks for the versions after the newest).
+    assert store.read_changes(SPEC, v2 + 1, v2).count() == 0
+    assert store.read_changes(SPEC, v2 + 1).count() == 0
 
 
 def test_delete_history_stats_and_maintenance(store: TableStore, spark: SparkSession) -> None:
