@@ -378,10 +378,19 @@ class DeltaSparkStore(TableStore):
         return {a: progress[a].version if a in progress else None for a in app_ids}
 
     def _history_commits(self, spec: TableSpec, limit: int, version: int) -> list[tuple[int, str | None]]:
-        """(version, userMetadata) of the newest ``limit`` commits up to ``version``, by name."""
-        history = self._history(self.ident(spec), limit).where(F.col("version") <= version)
-        # Commit metadata, one row per commit, at most ``limit``: bookkeeping, not row data.
-        return [(int(r["version"]), r["userMetadata"]) for r in history.select("version", "userMetadata").collect()]
+        """(version, userMetadata) of the newest ``limit`` commits up to ``version``, by name.
+        ``DESCRIBE HISTORY`` starts at the newest commit: commits that landed after ``version``
+        are read past, so the window still holds ``limit`` commits up to it."""
+        newer = 0
+        while True:
+            history = self._history(self.ident(spec), limit + newer).select("version", "userMetadata")
+            # Commit metadata, one row per commit, at most ``limit`` plus the commits since
+            # ``version``: bookkeeping, not row data.
+            rows = [(int(r["version"]), r["userMetadata"]) for r in history.collect()]
+            since = sum(1 for v, _ in rows if v > version)
+            if since <= newer or len(rows) < limit + newer:  # the window is whole, or history ends
+                return [(v, m) for v, m in rows if v <= version][:limit]
+            newer = since
 
     def streams_commit_files(self, spec: TableSpec) -> bool:
         return self.name(spec) is None  # by name, never through the log by path
