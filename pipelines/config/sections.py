@@ -50,6 +50,14 @@ class SparkSettings(_Section):
             "small increments, planned anew each run, costs about a fifth less (docs/performance.md)"
         ),
     )
+    dataframe_debugging: bool = Field(
+        default=False,
+        description=(
+            "pyspark's DataFrame debugging: Spark's runtime errors name the Python line that built "
+            "the failing expression; each pyspark call then asks the JVM for it (half a pass's "
+            "JVM calls, docs/performance.md), so jobs run without it unless this is on"
+        ),
+    )
     conf: dict[str, str] = Field(default_factory=dict, description="extra Spark confs, as a JSON object")
 
 

@@ -35,6 +35,13 @@ DELTA_CONFS = {
 #: watermarks), so their code is compiled anew each time, and compiling costs more than running them.
 INTERPRETED = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
 
+#: pyspark's DataFrame debugging (``spark.dataframe_debugging``), on by Spark's default: with it, each
+#: pyspark function call captures its Python call site and hands it to the JVM (PySparkCurrentOrigin,
+#: a conf read and two calls more per function), so a runtime error can name the line. A 1-event
+#: pass of ``run all`` made 16,400 JVM calls with it and 9,000 without (docs/performance.md). A
+#: static conf: a session this process starts takes it; a cluster's own session keeps its value.
+DATAFRAME_DEBUGGING = "spark.python.sql.dataFrameDebugging.enabled"
+
 LOCAL_DEFAULTS = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
@@ -93,6 +100,7 @@ def spark_confs(settings: Settings) -> dict[str, str]:
     confs["spark.driver.memory"] = settings.spark.driver_memory
     if not settings.spark.generated_code:
         confs.update(INTERPRETED)
+    confs[DATAFRAME_DEBUGGING] = str(settings.spark.dataframe_debugging).lower()
     if not os.environ.get("PYSPARK_PYTHON"):
         # Python workers (pandas UDFs) need this interpreter's packages; Spark's default is
         # whatever ``python3`` is first on PATH, which outside an activated venv has none of them.

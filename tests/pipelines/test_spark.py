@@ -65,6 +65,30 @@ def test_generated_code_is_sparks_default_and_can_be_turned_off(tmp_path: Path) 
     assert user["spark.sql.codegen.wholeStage"] == "true", "a user's own confs still win"
 
 
+def test_dataframe_debugging_is_off_unless_asked_for(tmp_path: Path) -> None:
+    key = "spark.python.sql.dataFrameDebugging.enabled"
+    assert spark_confs(load_settings(lake_root=str(tmp_path)))[key] == "false"
+    assert spark_confs(load_settings(lake_root=str(tmp_path), spark={"dataframe_debugging": True}))[key] == "true"
+    user = spark_confs(load_settings(lake_root=str(tmp_path), spark={"conf": {key: "true"}}))
+    assert user[key] == "true", "a user's own confs still win"
+
+
+def test_a_session_the_pipeline_starts_captures_no_call_sites(
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pyspark's DataFrame debugging walks the Python stack on every function call and hands the
+    call site to the JVM; a session built by the pipeline (this one: tests/conftest.py) has it off."""
+    import pyspark.errors.utils as pyspark_errors
+
+    captured: list[int] = []
+    real = pyspark_errors._capture_call_site
+    monkeypatch.setattr(pyspark_errors, "_capture_call_site", lambda depth: captured.append(depth) or real(depth))
+    df = spark.range(3).select((F.col("id") + F.lit(1)).alias("n"))
+    assert [r.n for r in df.collect()] == [1, 2, 3]
+    assert spark.conf.get("spark.python.sql.dataFrameDebugging.enabled") == "false"
+    assert captured == []
+
+
 def test_the_test_session_runs_queries_interpreted(spark: SparkSession) -> None:
     """tests/conftest.py's session: its batches are a few rows (docs/testing.md)."""
     assert spark.conf.get("spark.sql.codegen.wholeStage") == "false"
