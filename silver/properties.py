@@ -287,8 +287,11 @@ def parse_documents(
     """
 
     def transform(df: DataFrame) -> DataFrame:
-        # Parsed in a projection of its own, so the four documents read one parse (the
-        # interpreted higher-order functions would each evaluate an inline parse again).
+        # Three projections: the two parses, the five documents in one array (one document
+        # expression, see :func:`_documents`), then the array's elements as columns. Each step
+        # reads its input once: the interpreted higher-order functions would evaluate an inline
+        # parse again, and Spark keeps an expensive expression that is read several times in a
+        # projection of its own.
         parsed = df.select(
             "*",
             F.try_parse_json(F.col(properties)).alias(_PARSED),
@@ -296,39 +299,41 @@ def parse_documents(
             F.col(properties).alias(_PARSED_TEXT),
             F.col(person_properties).alias(_PERSON_TEXT),
         )
-        return parsed.select(*df.columns, *_documents(df.sparkSession, notation))
+        documents = parsed.select(*df.columns, _documents(df.sparkSession, notation))
+        return documents.select(*df.columns, *(F.col(_DOCUMENTS)[i].alias(c) for i, c in enumerate(DOCUMENT_COLUMNS)))
 
     return transform
 
 
 #: The documents inside ``properties``: their key, and their column.
 _INNER_DOCUMENTS = (("$set", SET_PROPS), ("$set_once", SET_ONCE_PROPS), ("$group_set", GROUP_SET_PROPS))
+_DOCUMENTS = "_documents"
 
-#: The document columns, built once per session (see :func:`_documents`).
-_BUILT: weakref.WeakKeyDictionary[SparkSession, dict[str, tuple[Column, ...]]] = weakref.WeakKeyDictionary()
+#: The documents column, built once per session (see :func:`_documents`).
+_BUILT: weakref.WeakKeyDictionary[SparkSession, dict[str, Column]] = weakref.WeakKeyDictionary()
 _BUILT_LOCK = threading.Lock()
 
 
-def _documents(spark: SparkSession, notation: str) -> tuple[Column, ...]:
-    """The five document columns over the parsed variants.
+def _documents(spark: SparkSession, notation: str) -> Column:
+    """The five documents over the parsed variants, as one array in the order of
+    ``DOCUMENT_COLUMNS``.
 
-    Built once per session and reused: they are expressions of column names only, and building
-    them is several hundred calls into the JVM on a classic session, about 0.15 s a document,
-    which a run of a few events would otherwise pay every time."""
+    One :func:`document` expression maps the array of (variant, raw text) pairs: Spark analyzes and
+    optimizes a plan in time that grows with its expressions, and five copies of the document
+    expression made a 1-event silver run's plan take 0.3-0.4 s to analyze, against 0.09 s.
+    Built once per session and reused: it is an expression of column names only, and building it
+    is several hundred calls into the JVM on a classic session."""
     with _BUILT_LOCK:
         built = _BUILT.setdefault(spark, {}).get(notation)
         if built is None:
             props, text = F.col(_PARSED), F.col(_PARSED_TEXT)
-            built = _BUILT[spark][notation] = (
-                document(props, notation, text).alias(PROPS),
-                document(F.col(_PERSON), notation, F.col(_PERSON_TEXT)).alias(PERSON_PROPS),
-                *(
-                    document(F.try_variant_get(props, f"$['{key}']", "variant"), notation, text).alias(column)
-                    for key, column in (
-                        ("$set", SET_PROPS),
-                        ("$set_once", SET_ONCE_PROPS),
-                        ("$group_set", GROUP_SET_PROPS),
-                    )
-                ),
+            sources = (
+                (props, text),
+                (F.col(_PERSON), F.col(_PERSON_TEXT)),
+                *((F.try_variant_get(props, f"$['{key}']", "variant"), text) for key, _ in _INNER_DOCUMENTS),
             )
+            pairs = F.array(*(F.struct(obj.alias("obj"), raw.alias("raw")) for obj, raw in sources))
+            built = _BUILT[spark][notation] = F.transform(
+                pairs, lambda pair: document(pair["obj"], notation, pair["raw"])
+            ).alias(_DOCUMENTS)
         return built
