@@ -11,33 +11,37 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import great_expectations.expectations as gxe
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from expectations.core import Check, Suite
+from expectations.core import Check, Expects, Suite
 from expectations.runner import DROPPED_BY, Result, Validation, outcome
 
 
 def _passing(check: Check, table: pa.Table) -> pa.ChunkedArray | None:
     """True for each row that passes a row-level check (nulls pass, as in GX), or None when the
     check has no Arrow form."""
-    e = check.expectation
-    if isinstance(e, gxe.ExpectColumnValuesToNotBeNull):
-        return pc.is_valid(table[e.column])
-    if isinstance(e, gxe.ExpectColumnValuesToBeBetween) and not (e.strict_min or e.strict_max):
-        column = table[e.column]
+    e = check.expects
+    if e.kind == "ExpectColumnValuesToNotBeNull":
+        return pc.is_valid(table[e.get("column")])
+    if e.kind == "ExpectColumnValuesToBeBetween" and _not_strict(e):
+        column = table[e.get("column")]
         ok = pc.is_null(column)
         within = pa.chunked_array([pa.array([True] * len(table), pa.bool_())])
-        if e.min_value is not None:
-            within = pc.and_(within, pc.greater_equal(column, e.min_value))
-        if e.max_value is not None:
-            within = pc.and_(within, pc.less_equal(column, e.max_value))
+        low, high = e.get("min_value"), e.get("max_value")
+        if low is not None:
+            within = pc.and_(within, pc.greater_equal(column, low))
+        if high is not None:
+            within = pc.and_(within, pc.less_equal(column, high))
         return pc.or_(ok, pc.fill_null(within, False))
-    if isinstance(e, gxe.ExpectColumnValuesToBeInSet):
-        column = table[e.column]
-        return pc.or_(pc.is_null(column), pc.is_in(column, value_set=pa.array(list(e.value_set))))
+    if e.kind == "ExpectColumnValuesToBeInSet":
+        column = table[e.get("column")]
+        return pc.or_(pc.is_null(column), pc.is_in(column, value_set=pa.array(list(e.get("value_set")))))
     return None
+
+
+def _not_strict(e: Expects) -> bool:
+    return not (e.get("strict_min", False) or e.get("strict_max", False))  # GX's defaults: False
 
 
 def _duplicated(columns: list[str]) -> Callable[[pa.Table], int] | None:
@@ -56,11 +60,11 @@ def _duplicated(columns: list[str]) -> Callable[[pa.Table], int] | None:
 
 
 def _batch_check(check: Check) -> Callable[[pa.Table], int] | None:
-    e = check.expectation
-    if isinstance(e, gxe.ExpectCompoundColumnsToBeUnique) and e.ignore_row_if == "any_value_is_missing":
-        return _duplicated(list(e.column_list))
-    if isinstance(e, gxe.ExpectColumnValuesToBeUnique):
-        return _duplicated([e.column])
+    e = check.expects
+    if e.kind == "ExpectCompoundColumnsToBeUnique" and e.get("ignore_row_if") == "any_value_is_missing":
+        return _duplicated(list(e.get("column_list")))
+    if e.kind == "ExpectColumnValuesToBeUnique":
+        return _duplicated([e.get("column")])
     return None
 
 
@@ -70,7 +74,7 @@ def validate_arrow(table: pa.Table, suite: Suite) -> Validation[pa.Table] | None
     t0 = time.perf_counter()
     rows = table.num_rows
     checks = [c for c in suite.checks if c.on == "rows"]  # figures checks need figures: skipped
-    if not all(_SUPPORTED.get(type(c.expectation), lambda _: False)(c.expectation) for c in checks):
+    if not all(_SUPPORTED.get(c.expects.kind, lambda _: False)(c.expects) for c in checks):
         return None
     results: list[Result] = []
     failing: list[tuple[Check, pa.ChunkedArray]] = []
@@ -101,14 +105,12 @@ def validate_arrow(table: pa.Table, suite: Suite) -> Validation[pa.Table] | None
 
 
 #: Expectation kinds with an Arrow form, and when (their options).
-_SUPPORTED: dict[type, Callable[[object], bool]] = {
-    gxe.ExpectColumnValuesToNotBeNull: lambda e: True,
-    gxe.ExpectColumnValuesToBeBetween: lambda e: (
-        not (getattr(e, "strict_min", False) or getattr(e, "strict_max", False))
-    ),
-    gxe.ExpectColumnValuesToBeInSet: lambda e: True,
-    gxe.ExpectCompoundColumnsToBeUnique: lambda e: getattr(e, "ignore_row_if", None) == "any_value_is_missing",
-    gxe.ExpectColumnValuesToBeUnique: lambda e: True,
+_SUPPORTED: dict[str, Callable[[Expects], bool]] = {
+    "ExpectColumnValuesToNotBeNull": lambda e: True,
+    "ExpectColumnValuesToBeBetween": _not_strict,
+    "ExpectColumnValuesToBeInSet": lambda e: True,
+    "ExpectCompoundColumnsToBeUnique": lambda e: e.get("ignore_row_if") == "any_value_is_missing",
+    "ExpectColumnValuesToBeUnique": lambda e: True,
 }
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-import great_expectations.expectations as gxe
 from pyspark.sql import DataFrame
 
 from expectations.core import Check, _q
@@ -21,13 +20,13 @@ from expectations.core import Check, _q
 def failing_rows_query(check: Check) -> str | None:
     """SQL over ``{batch}`` whose rows are the rows ``check`` fails, or None when Spark does not
     count this kind of check (GX does)."""
-    e = check.expectation
-    if isinstance(e, gxe.UnexpectedRowsExpectation):
-        return str(e.unexpected_rows_query)
-    if isinstance(e, gxe.ExpectCompoundColumnsToBeUnique) and e.ignore_row_if == "any_value_is_missing":
-        columns = list(e.column_list)
-    elif isinstance(e, gxe.ExpectColumnValuesToBeUnique):
-        columns = [str(e.column)]
+    e = check.expects
+    if e.kind == "UnexpectedRowsExpectation":
+        return str(e.get("unexpected_rows_query"))
+    if e.kind == "ExpectCompoundColumnsToBeUnique" and e.get("ignore_row_if") == "any_value_is_missing":
+        columns = list(e.get("column_list"))
+    elif e.kind == "ExpectColumnValuesToBeUnique":
+        columns = [str(e.get("column"))]
     else:
         return None
     keys = ", ".join(_q(c) for c in columns)

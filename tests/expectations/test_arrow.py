@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -96,3 +99,22 @@ def test_results_and_the_split_equal_spark_and_gx(
 
 def test_a_suite_with_a_check_arrow_cannot_run_is_left_to_spark() -> None:
     assert validate_arrow(page_changes(3, 0), silver_page_changes()) is None
+
+
+def test_a_kafka_flush_is_gated_without_importing_great_expectations() -> None:
+    """Importing GX costs 3.5-4 CPU-seconds in each process; an ingest process gates its flushes
+    in Arrow from the suites' kinds and arguments, so it never loads GX (a fresh interpreter: this
+    one may have loaded it for other tests)."""
+    probe = (
+        "import sys\n"
+        "from expectations.arrow import validate_arrow\n"
+        "from expectations.suites import bronze_events, bronze_page_changes\n"
+        "from tests.expectations.test_arrow import events, page_changes\n"
+        "ours = validate_arrow(events(400, 1), bronze_events())\n"
+        "assert ours is not None and ours.dropped is not None, 'the rows exercise the drop checks'\n"
+        "assert validate_arrow(page_changes(300, 4), bronze_page_changes()) is not None\n"
+        "print(sorted(m for m in sys.modules if m.startswith('great_expectations')))\n"
+    )
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=repo)
+    assert (out.returncode, out.stdout) == (0, "[]\n"), out.stderr

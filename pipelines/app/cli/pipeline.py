@@ -184,7 +184,7 @@ def ingest_kafka(
     chosen = [t.strip() for t in topics.split(",") if t.strip()] if topics else None
     serve_metrics(metrics_port, metrics_host)
     ctx = state.context(validates=True)
-    # Start-up is over (Spark, and the gates' Great Expectations loading meanwhile): what is alive
+    # Start-up is over (Spark, and the gates' modules loading meanwhile): what is alive
     # now lives as long as the process, so the collections after each flush need not walk it.
     wait_preloaded()
     with stop_on(signal.SIGTERM, signal.SIGINT) as stop, startup_heap_frozen():
