@@ -85,8 +85,7 @@ def describe(r: Result) -> str:
 
 
 @functools.cache
-def _context() -> Any:
-    # Imported here, by the first check GX runs: see :func:`needs_gx`.
+def _context() -> Any:  # GX is imported by the first check it runs (see needs_gx)
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
@@ -102,15 +101,15 @@ def warm_up() -> None:
     _context()
 
 
+PAIR_EQUAL = "ExpectColumnPairValuesToBeEqual"
+
+
 def needs_gx(check: Check) -> bool:
     """Whether ``check`` runs through GX: every other check is counted by Spark or Arrow itself
     (row-level predicates and totals, uniqueness and ``no_rows`` queries, pairs of figures)."""
     if check.on == "figures":
         return check.expects.kind != PAIR_EQUAL
     return not check.row_level and check.total is None and batch.failing_rows_query(check) is None
-
-
-PAIR_EQUAL = "ExpectColumnPairValuesToBeEqual"
 
 
 @functools.cache
