@@ -85,7 +85,7 @@ def describe(r: Result) -> str:
 
 
 @functools.cache
-def _context() -> Any:  # GX is imported by the first check it runs (see needs_gx)
+def _context() -> Any:  # GX is imported by the first check that runs through it (see validate)
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
@@ -94,22 +94,6 @@ def _context() -> Any:  # GX is imported by the first check it runs (see needs_g
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
     return context
-
-
-def warm_up() -> None:
-    """Create the GX context ahead of the first validation."""
-    _context()
-
-
-PAIR_EQUAL = "ExpectColumnPairValuesToBeEqual"
-
-
-def needs_gx(check: Check) -> bool:
-    """Whether ``check`` runs through GX: every other check is counted by Spark or Arrow itself
-    (row-level predicates and totals, uniqueness and ``no_rows`` queries, pairs of figures)."""
-    if check.on == "figures":
-        return check.expects.kind != PAIR_EQUAL
-    return not check.row_level and check.total is None and batch.failing_rows_query(check) is None
 
 
 @functools.cache
@@ -193,7 +177,7 @@ def _pair_text(row: Any, check: Check) -> str:
 def _figures_results(suite: Suite, figures: DataFrame, checks: list[Check]) -> list[Result]:
     """The checks that two figures are equal, on the one row of figures read once (GX would run
     jobs per check on it); as GX counts them, a row where both figures are missing passes."""
-    pairs = [c for c in checks if c.expects.kind == PAIR_EQUAL]
+    pairs = [c for c in checks if c.expects.kind == "ExpectColumnPairValuesToBeEqual"]
     if not pairs:
         return []
     row = figures.first()  # one row of figures from several tables

@@ -63,7 +63,7 @@ def preload() -> None:
     """Import the gates' modules in the background while Spark starts.
 
     Not Great Expectations: importing it takes 3.5-4 CPU-seconds, and no check of the shipped
-    suites runs through it (Spark or Arrow counts each: :func:`expectations.runner.needs_gx`).
+    suites runs through it (Spark or Arrow counts each: :func:`expectations.runner.validate`).
     The first check that does imports it."""
 
     def load() -> None:
@@ -73,7 +73,7 @@ def preload() -> None:
         except Exception:  # the first gate imports them again and reports what is wrong
             log.debug("preloading the gates failed", exc_info=True)
 
-    thread = threading.Thread(target=load, name="gx-preload", daemon=True)
+    thread = threading.Thread(target=load, name="gates-preload", daemon=True)
     thread.start()
     _preloading.append(thread)
 

@@ -104,15 +104,19 @@ def test_a_suite_with_a_check_arrow_cannot_run_is_left_to_spark() -> None:
 def test_a_kafka_flush_is_gated_without_importing_great_expectations() -> None:
     """Importing GX costs 3.5-4 CPU-seconds in each process; an ingest process gates its flushes
     in Arrow from the suites' kinds and arguments, so it never loads GX (a fresh interpreter: this
-    one may have loaded it for other tests)."""
+    one may have loaded it for other tests). Spark's batch queries are chosen the same way: every
+    check of every suite is asked for one here too."""
     probe = (
         "import sys\n"
         "from expectations.arrow import validate_arrow\n"
-        "from expectations.suites import bronze_events, bronze_page_changes\n"
+        "from expectations.batch import failing_rows_query\n"
+        "from expectations.suites import SUITES, bronze_events, bronze_page_changes\n"
         "from tests.expectations.test_arrow import events, page_changes\n"
         "ours = validate_arrow(events(400, 1), bronze_events())\n"
         "assert ours is not None and ours.dropped is not None, 'the rows exercise the drop checks'\n"
         "assert validate_arrow(page_changes(300, 4), bronze_page_changes()) is not None\n"
+        "suites = [make(bucket_count=8) if key == 'silver/events' else make() for key, make in SUITES.items()]\n"
+        "assert any(failing_rows_query(c) for s in suites for c in s.checks), 'some checks are batch queries'\n"
         "print(sorted(m for m in sys.modules if m.startswith('great_expectations')))\n"
     )
     repo = Path(__file__).resolve().parents[2]
