@@ -86,21 +86,27 @@ BROADCAST_SUSPECTS = 2_000_000
 
 
 def without_repeats(batch: Batch, horizon: timedelta, record: FlowRecord) -> Callable[[DataFrame], DataFrame]:
-    """Bucketed bronze rows -> the same rows without repeats of an event, with the figures
-    ``input_events`` and ``duplicates_dropped``.
+    """Bucketed bronze rows -> the same rows without repeats of an event, with the figure
+    ``duplicates_dropped``.
 
-    Only the suspects (:func:`silver.dedup.suspects`: identities the batch or silver holds more
-    than once, found in one aggregation of identity columns) go through the window that finds the
-    first copy; they and their rows are cached, as few as the repeats. Every other row passes by an
-    anti-join with the suspects (broadcast up to :data:`BROADCAST_SUSPECTS`), so the gate, the
-    write and the figures each read the batch as they would without deduplication.
+    The batch's earliest event time (silver is read from the horizon before it) comes from its
+    files' statistics, with no Spark job (a query only where they do not say), and its size from
+    the write's figures (:func:`events_figures`: rows written and repeats dropped). Only the
+    suspects (:func:`silver.dedup.suspects`: identities the batch or silver holds more than once,
+    found in one aggregation of identity columns) go through the window that finds the first copy;
+    they and their rows are cached, as few as the repeats. Every other row passes by an anti-join
+    with the suspects (broadcast up to :data:`BROADCAST_SUSPECTS`), so the gate, the write and the
+    figures each read the batch as they would without deduplication.
     """
 
     def transform(rows: DataFrame) -> DataFrame:
-        # One row: the batch's size and earliest event time (silver is read from the horizon before it).
-        first = rows.agg(F.count(F.lit(1)), F.min("timestamp")).first()
-        n_in, earliest = (int(first[0]), first[1]) if first else (0, None)
-        record.add(input_events=n_in, duplicates_dropped=0)
+        added = batch.added()
+        if added is not None and ("timestamp" in added.earliest or not added.rows):
+            earliest = added.earliest.get("timestamp")  # a bound: a run over some buckets keeps fewer rows
+        else:  # one row: the batch's earliest event time
+            first = rows.agg(F.min("timestamp")).first()
+            earliest = first[0] if first else None
+        record.add(duplicates_dropped=0)
         held = None
         if earliest is not None:
             since = earliest - horizon
@@ -133,7 +139,10 @@ def events_figures(out: DataFrame, config: SilverConfig, record: FlowRecord) -> 
             for r in out.groupBy("bucket").agg(F.count(F.lit(1)).alias("n"), F.max("event_time").alias("t")).collect()
         ]
     n_out = sum(int(r["n"]) for r in per_bucket)
-    n_in = int(record.figure("input_events")) if config.horizon else n_out
+    repeats = int(record.figure("duplicates_dropped"))
+    n_in = n_out + repeats  # the batch in this run's buckets: what was written and what was dropped
+    if config.horizon:
+        record.add(input_events=n_in)
     record.rows(n_in, n_out)
     record.add(**{f"bucket.{r['bucket']}.events": int(r["n"]) for r in per_bucket})
     # Lag: how far behind now the newest event of each bucket in this batch is.
@@ -145,7 +154,6 @@ def events_figures(out: DataFrame, config: SilverConfig, record: FlowRecord) -> 
             if r["t"] is not None
         }
     )
-    repeats = int(record.figure("duplicates_dropped"))
     dropped = f", {repeats:,} repeat(s) dropped" if repeats else ""
     record.say(f"silver/events: {n_out:,} events in {len(per_bucket)} bucket(s){dropped}")
 

@@ -24,7 +24,7 @@ from pipelines.config.settings import Settings
 from pipelines.config.spark import observed_as_read
 from pipelines.runtime.eventlog import RunRecord, passed_rows
 from pipelines.runtime.progress import Increment, append_once, pending
-from pipelines.storage import AppTxn, Predicate, TableSpec, TableStore
+from pipelines.storage import AddedStats, AppTxn, Predicate, TableSpec, TableStore
 
 #: A flow's config type: what its ``config`` builds from settings and its code takes.
 C = TypeVar("C")
@@ -153,6 +153,16 @@ class Batch:
     end: int
     options: RunOptions
     tables: DeclaredTables
+    #: The table the rows were added to (None: the rows are not one range of its commits).
+    source: TableSpec | None = None
+
+    def added(self) -> AddedStats | None:
+        """What the statistics of the source files of ``rows`` say of them, with no Spark job
+        (:meth:`pipelines.storage.TableStore.inserted_stats`; None where they do not say): bounds,
+        not figures, when the run keeps some of those rows only (a run over some buckets)."""
+        if self.source is None:
+            return None
+        return self.tables.inserted_stats(self.source, self.start, self.end)
 
     def read(self, spec: TableSpec, where: str | None = None) -> DataFrame:
         """A declared table as it is now (a lookup, never a source of increments)."""
@@ -323,6 +333,9 @@ class DeclaredTables:
 
     def read_changes(self, spec: TableSpec, start: int, end: int | None = None) -> DataFrame:
         return self._store.read_changes(self._mine(spec), start, end)
+
+    def inserted_stats(self, spec: TableSpec, start: int, end: int) -> AddedStats | None:
+        return self._store.inserted_stats(self._mine(spec), start, end)
 
     def version(self, spec: TableSpec) -> int | None:
         return self._store.version(self._mine(spec))

@@ -149,7 +149,7 @@ def run_incremental(ctx: Context, flow: Flow, options: RunOptions, handoff: Hand
             if kept is None and buckets and "bucket" in source.schema.fieldNames():  # a split run's rows only
                 rows = rows.where(F.col("bucket").isin(*sorted(set(buckets))))
             run = RunOptions(buckets, options.drain)
-            out = transform(Batch(rows, inc.start, inc.end, run, declared(ctx, flow)), config, figures)
+            out = transform(Batch(rows, inc.start, inc.end, run, declared(ctx, flow), source), config, figures)
             if target.key not in flow.gated:
                 version = write(ctx, flow, out, inc.txn, buckets)
             elif not isinstance(flow.write, Merge):  # an append checks its rows as it writes them, where it can

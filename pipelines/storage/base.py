@@ -27,13 +27,16 @@ from pyspark.sql.types import StructType
 
 from pipelines.errors import InputError, StorageError
 from pipelines.storage.conform import conform
-from pipelines.storage.parquet_files import TableFiles
+from pipelines.storage.parquet_files import AddedStats, TableFiles
 
 CDF_PROPERTY = "delta.enableChangeDataFeed"
 CHANGE_TYPE = "_change_type"
 COMMIT_VERSION = "_commit_version"
 COMMIT_TIMESTAMP = "_commit_timestamp"
 INSERTED = ("insert", "update_postimage")
+#: :meth:`TableStore.inserted_stats` reads at most this many commits' log files; a longer range
+#: (a job catching up) is bounded by a query of its rows instead.
+STATS_COMMITS = 32
 
 Data: TypeAlias = DataFrame | pa.Table
 #: A condition as Delta's API takes one: SQL text, or a Column (in a MERGE, ``t.`` names the
@@ -249,6 +252,19 @@ class TableStore(ABC):
         """Rows added (inserted, or the new image of updated rows) in ``start..end``."""
         changes = self.read_changes(spec, start_version, end_version)
         return changes.where(changes[CHANGE_TYPE].isin(*INSERTED))
+
+    def inserted_stats(self, spec: TableSpec, start_version: int, end_version: int) -> AddedStats | None:
+        """What the statistics of the files commits ``start..end`` added say of the rows they
+        inserted (how many, the earliest of each timestamp column), read from the log with no Spark
+        job. None where the log does not say it cheaply: a table read through a catalog, a range of
+        more than :data:`STATS_COMMITS` commits (one log file each), a commit that removed rows or
+        wrote change files, an added file without statistics, a commit no longer in the log."""
+        if not self.streams_commit_files(spec) or end_version - start_version + 1 > STATS_COMMITS:
+            return None
+        try:
+            return self.files.added_stats(self.path(spec), start_version, end_version, spec.schema)
+        except StorageError:
+            return None
 
     @abstractmethod
     def version(self, spec: TableSpec) -> int | None:

@@ -69,6 +69,21 @@ class DataFile:
     stats: str  # Delta statistics JSON
 
 
+@dataclass(frozen=True)
+class AddedStats:
+    """What the statistics of the files some commits added say of the rows they added."""
+
+    rows: int
+    #: Per timestamp column, the least minimum of the files with rows (absent: one of them has none).
+    earliest: Mapping[str, datetime]
+
+
+def _timestamp(text: str) -> datetime:
+    """A timestamp statistic as Delta writes it (``2026-11-26T10:00:00.123Z``, or with an offset)."""
+    ts = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return ts if ts.tzinfo else ts.replace(tzinfo=UTC)
+
+
 class TableFiles:
     """The file system under one lake root, as pyarrow reaches it (local folders or object stores)."""
 
@@ -203,6 +218,36 @@ class TableFiles:
             return
         dataset = pads.dataset(names, filesystem=self.fs, format="parquet")
         yield dataset.scanner(columns=list(columns), batch_size=batch_rows, use_threads=False).to_reader()
+
+    def added_stats(self, table_uri: str, start: int, end: int, schema: StructType) -> AddedStats | None:
+        """The rows commits ``start..end`` added and the earliest of each timestamp column, from
+        their add actions' statistics (no file is opened); None when the commits do not say it: a
+        commit that removed rows or wrote change files, or an added file without statistics."""
+        times = [f.name for f in schema.fields if isinstance(f.dataType, TimestampType)]
+        rows = 0
+        earliest: dict[str, datetime] = {}
+        unbounded: set[str] = set()
+        for _, actions in self.commits(table_uri, start, end):
+            for action in actions:
+                if "cdc" in action or ("remove" in action and action["remove"].get("dataChange", True)):
+                    return None
+                add = action.get("add")
+                if add is None or not add.get("dataChange", True):
+                    continue
+                stats = json.loads(add["stats"]) if add.get("stats") else {}
+                if "numRecords" not in stats:
+                    return None
+                rows += int(stats["numRecords"])
+                if not stats["numRecords"]:
+                    continue
+                mins, nulls = stats.get("minValues") or {}, stats.get("nullCount") or {}
+                for name in times:
+                    if mins.get(name) is not None:
+                        low = _timestamp(mins[name])
+                        earliest[name] = min(earliest.get(name, low), low)
+                    elif nulls.get(name) != stats["numRecords"]:  # not only nulls (which no minimum counts)
+                        unbounded.add(name)
+        return AddedStats(rows, {k: v for k, v in earliest.items() if k not in unbounded})
 
     # -- the log ------------------------------------------------------------------------------
     def commits(self, table_uri: str, start: int, end: int) -> Iterator[tuple[int, list[dict[str, Any]]]]:

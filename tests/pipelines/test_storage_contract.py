@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,7 +19,8 @@ from pyspark.testing import assertDataFrameEqual
 
 from pipelines.config.settings import load_settings
 from pipelines.errors import CommitConflictError, InputError, StorageError
-from pipelines.storage import AppTxn, TableSpec, TableStore, open_store
+from pipelines.storage import AddedStats, AppTxn, TableSpec, TableStore, open_store
+from pipelines.storage.base import STATS_COMMITS
 from pipelines.storage.deltaspark import DeltaSparkStore
 
 SCHEMA = StructType(
@@ -200,6 +202,43 @@ def test_read_changes_returns_inserts_and_update_images_by_version(store: TableS
     # caught up asks for the versions after the newest).
     assert store.read_changes(SPEC, v2 + 1, v2).count() == 0
     assert store.read_changes(SPEC, v2 + 1).count() == 0
+
+
+def test_inserted_stats_bound_an_append_only_range_and_say_nothing_of_another(
+    store: TableStore, spark: SparkSession
+) -> None:
+    hour = timedelta(hours=1)
+    store.ensure(SPEC)
+    v1 = store.append(SPEC, rows(spark, [("a", 1, 10, T0 + 2 * hour), ("b", 2, 20, None)]))
+    arrow = pa.table({"k": ["c"], "part": [1], "n": [30], "ts": pa.array([T0 + hour], pa.timestamp("us", "UTC"))})
+    store.append(SPEC, arrow)  # rows born in the driver: the engine's own statistics
+    v3 = store.append(SPEC, rows(spark, [("d", 2, None, None)]))  # only nulls: no minimum, and none needed
+    assert store.inserted_stats(SPEC, v1, v3) == AddedStats(4, {"ts": T0 + hour})
+    assert store.inserted_stats(SPEC, v3, v3) == AddedStats(1, {})
+    assert store.inserted_stats(SPEC, 0, 0) == AddedStats(0, {})  # the table's creation added no rows
+    v4 = store.delete(SPEC, "k = 'a'")
+    assert store.inserted_stats(SPEC, v1, v4) is None  # a commit that removed rows: ask the rows
+    assert store.inserted_stats(SPEC, v1, v1 + STATS_COMMITS) is None  # too many log files to read
+
+
+def test_inserted_stats_need_every_added_file_to_have_its_statistics(tmp_path: Path) -> None:
+    from pipelines.storage.parquet_files import TableFiles
+
+    log = tmp_path / "t" / "_delta_log"
+    log.mkdir(parents=True)
+    with_stats = {
+        "path": "a.parquet",
+        "dataChange": True,
+        "stats": '{"numRecords": 2, "minValues": {"ts": "2024-01-01T00:00:00.250Z"}}',
+    }
+    (log / f"{0:020d}.json").write_text(json.dumps({"add": with_stats}) + "\n")
+    (log / f"{1:020d}.json").write_text(json.dumps({"add": {"path": "b.parquet", "dataChange": True}}) + "\n")
+    (log / f"{2:020d}.json").write_text(json.dumps({"cdc": {"path": "c.parquet"}}) + "\n")
+    files = TableFiles(str(tmp_path))
+    uri = str(tmp_path / "t")
+    assert files.added_stats(uri, 0, 0, SCHEMA) == AddedStats(2, {"ts": T0 + timedelta(milliseconds=250)})
+    assert files.added_stats(uri, 0, 1, SCHEMA) is None
+    assert files.added_stats(uri, 2, 2, SCHEMA) is None
 
 
 def test_delete_history_stats_and_maintenance(store: TableStore, spark: SparkSession) -> None:
