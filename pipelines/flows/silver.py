@@ -83,20 +83,23 @@ def bucket_figures(buckets: Iterable[int]) -> dict[str, Column]:
 
 #: Suspect identities up to this many are broadcast to the anti-join that lets every other row by.
 BROADCAST_SUSPECTS = 2_000_000
+#: The observed figure of the repeats a batch dropped (:func:`without_repeats`).
+REPEATS = "repeats"
 
 
 def without_repeats(batch: Batch, horizon: timedelta, record: FlowRecord) -> Callable[[DataFrame], DataFrame]:
-    """Bucketed bronze rows -> the same rows without repeats of an event, with the figure
-    ``duplicates_dropped``.
+    """Bucketed bronze rows -> the same rows without repeats of an event; the repeats dropped are
+    counted as the rows are read (observed as :data:`REPEATS`, ``duplicates_dropped`` in the log).
 
     The batch's earliest event time (silver is read from the horizon before it) comes from its
     files' statistics, with no Spark job (a query only where they do not say), and its size from
     the write's figures (:func:`events_figures`: rows written and repeats dropped). Only the
     suspects (:func:`silver.dedup.suspects`: identities the batch or silver holds more than once,
     found in one aggregation of identity columns) go through the window that finds the first copy;
-    they and their rows are cached, as few as the repeats. Every other row passes by an anti-join
-    with the suspects (broadcast up to :data:`BROADCAST_SUSPECTS`), so the gate, the write and the
-    figures each read the batch as they would without deduplication.
+    they and their rows are cached, as few as the repeats, by the first pass that reads them (no
+    count of its own). Every other row passes by an anti-join with the suspects (broadcast up to
+    :data:`BROADCAST_SUSPECTS`), so the gate, the write and the figures each read the batch as they
+    would without deduplication.
     """
 
     def transform(rows: DataFrame) -> DataFrame:
@@ -106,7 +109,6 @@ def without_repeats(batch: Batch, horizon: timedelta, record: FlowRecord) -> Cal
         else:  # one row: the batch's earliest event time
             first = rows.agg(F.min("timestamp")).first()
             earliest = first[0] if first else None
-        record.add(duplicates_dropped=0)
         held = None
         if earliest is not None:
             since = earliest - horizon
@@ -121,7 +123,8 @@ def without_repeats(batch: Batch, horizon: timedelta, record: FlowRecord) -> Cal
         marked = record.cache(
             rows.join(ids, list(IDENTITY), "left_semi").transform(mark_repeats(maybe, horizon, time="timestamp"))
         )
-        record.add(duplicates_dropped=marked.where(F.col(REPEAT)).count())
+        # Counted by the pass that fills the cache (the gate's or the write's): no pass of its own.
+        marked = record.observe(REPEATS, marked, n=F.count_if(F.col(REPEAT)))
         return rows.join(ids, list(IDENTITY), "left_anti").unionByName(first_copies(marked))
 
     return transform
@@ -139,10 +142,10 @@ def events_figures(out: DataFrame, config: SilverConfig, record: FlowRecord) -> 
             for r in out.groupBy("bucket").agg(F.count(F.lit(1)).alias("n"), F.max("event_time").alias("t")).collect()
         ]
     n_out = sum(int(r["n"]) for r in per_bucket)
-    repeats = int(record.figure("duplicates_dropped"))
+    repeats = int(record.observed(REPEATS).get("n") or 0)  # none observed: no suspect, nothing dropped
     n_in = n_out + repeats  # the batch in this run's buckets: what was written and what was dropped
     if config.horizon:
-        record.add(input_events=n_in)
+        record.add(input_events=n_in, duplicates_dropped=repeats)
     record.rows(n_in, n_out)
     record.add(**{f"bucket.{r['bucket']}.events": int(r["n"]) for r in per_bucket})
     # Lag: how far behind now the newest event of each bucket in this batch is.
