@@ -92,7 +92,8 @@ def without_repeats(batch: Batch, horizon: timedelta, record: FlowRecord) -> Cal
     counted as the rows are read (observed as :data:`REPEATS`, ``duplicates_dropped`` in the log).
 
     The batch's earliest event time (silver is read from the horizon before it) comes from its
-    files' statistics, with no Spark job (a query only where they do not say), and its size from
+    files' statistics, with no Spark job (a query where they do not say it, and for a run over some
+    buckets, whose rows are a part of those files'), and its size from
     the write's figures (:func:`events_figures`: rows written and repeats dropped). Only the
     suspects (:func:`silver.dedup.suspects`: identities the batch or silver holds more than once,
     found in one aggregation of identity columns) go through the window that finds the first copy;
@@ -103,12 +104,15 @@ def without_repeats(batch: Batch, horizon: timedelta, record: FlowRecord) -> Cal
     """
 
     def transform(rows: DataFrame) -> DataFrame:
-        added = batch.added()
+        # A run over every bucket takes all the rows its commits added, so their statistics give
+        # its earliest time (to the millisecond Delta keeps, rounded down); a run over some buckets
+        # asks its own rows, so what it checks never depends on another bucket's events.
+        added = None if batch.options.buckets else batch.added()
         if added is not None and ("timestamp" in added.earliest or not added.rows):
-            earliest = added.earliest.get("timestamp")  # a bound: a run over some buckets keeps fewer rows
-        else:  # one row: the batch's earliest event time
+            earliest = added.earliest.get("timestamp")
+        else:  # one row: the batch's earliest event time (Spark gives it in local time)
             first = rows.agg(F.min("timestamp")).first()
-            earliest = first[0] if first else None
+            earliest = first[0].astimezone(UTC) if first and first[0] is not None else None
         held = None
         if earliest is not None:
             since = earliest - horizon

@@ -263,7 +263,7 @@ class TableStore(ABC):
             return None
         try:
             return self.files.added_stats(self.path(spec), start_version, end_version, spec.schema)
-        except StorageError:
+        except (StorageError, ValueError, TypeError, KeyError):  # a commit gone, statistics unread
             return None
 
     @abstractmethod
