@@ -163,3 +163,17 @@ def test_rows_of_a_frame_spark_knows_is_empty_are_counted_by_a_query_of_their_ow
 def test_rows_no_action_read_are_counted_by_a_query_of_their_own_not_waited_for(spark: SparkSession) -> None:
     _, n = counted_as_read(spark.range(7))  # Spark's own get() would wait for an action without end
     assert n() == 7
+
+
+def test_an_observation_answered_without_its_figures_is_counted_by_a_query(
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Spark Connect can answer an observation with no figures and no error: as if it had run.
+    from pyspark.sql import Observation
+
+    import pipelines.config.spark as spark_config
+
+    monkeypatch.setattr(spark_config, "_given", lambda observed: True)
+    monkeypatch.setattr(Observation, "get", property(lambda self: {}))
+    counted, n = counted_as_read(spark.range(5))
+    assert counted.count() == 5 and n() == 5
