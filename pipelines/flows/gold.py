@@ -10,6 +10,7 @@ from pyspark.sql import functions as F
 
 from gold.property_values import (
     MERGE_UPDATE,
+    WINDOW_START,
     FanoutRules,
     TeamFilter,
     counted_partials,
@@ -21,7 +22,7 @@ from gold.property_values import (
 )
 from pipelines.config.layers import fanout_rules, team_filter
 from pipelines.config.settings import Settings
-from pipelines.runtime.flow_types import Batch, FlowRecord, MergeRules
+from pipelines.runtime.flow_types import MERGE_SOURCE, Batch, FlowRecord, MergeRules
 from pipelines.runtime.tables import GOLD_PARTIALS, GOLD_PROPERTY_VALUES
 
 
@@ -90,8 +91,10 @@ def merged(batch: Batch, config: GoldConfig, record: FlowRecord) -> DataFrame:
     not merged while it is, and never later: a team added back resumes from what it had.
     """
     parts = counted_teams(config.teams, batch.rows, record, "filtered_teams.partial_rows")
-    # Read once, by the pass that fills the cache of the MERGE source, which counts them too.
+    # Read once, by the pass that fills the cache of the MERGE source, which counts them too, and
+    # finds their earliest window (a source past gold's windows is appended, see GOLD_MERGE).
     parts = record.observe(PARTIAL_ROWS, parts, rows=F.count(F.lit(1)))
+    parts = record.observe(MERGE_SOURCE, parts, least=F.min(WINDOW_START))
     return record.cache(parts.transform(merge_source()))
 
 
@@ -110,5 +113,7 @@ def merged_figures(out: DataFrame, config: GoldConfig, record: FlowRecord) -> No
     record.say(f"gold stage 2: {int(record.figure('partial_rows')):,} partial rows merged as {n:,} rows")
 
 
-#: How stage 2 writes: each tuple's counts added to what gold holds, in the run's buckets only.
-GOLD_MERGE = MergeRules(merge_on, MERGE_UPDATE)
+#: How stage 2 writes: each tuple's counts added to what gold holds, in the run's buckets only. A
+#: window is in the MERGE key, so a source whose windows all start after every window gold holds
+#: (a first load, a backfill, a batch of new windows only) is appended.
+GOLD_MERGE = MergeRules(merge_on, MERGE_UPDATE, appends_above=WINDOW_START)

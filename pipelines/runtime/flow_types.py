@@ -188,6 +188,17 @@ class MergeRules:
     update: Mapping[str, str] | None = None
     insert: Mapping[str, str] | None = None
     update_when: str | None = None
+    #: A column the match condition holds equal, so that a source row whose value is above every
+    #: target row's can match none: a source wholly above the target (by the target's statistics,
+    #: :meth:`pipelines.storage.TableStore.greatest`) is appended, in one commit as the MERGE
+    #: would be, with no read of the target. Only where unmatched rows are inserted as they are.
+    appends_above: str | None = None
+
+
+#: The observation (:meth:`FlowRecord.observe`) in which a MERGE flow gives the least value of its
+#: source's ``MergeRules.appends_above`` column, as the figure ``least``; without it the runner
+#: asks the source.
+MERGE_SOURCE = "merge_source"
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,10 @@ publishing a stopped run left undone), and keeps the state cached while the tran
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from pyspark.sql import DataFrame
@@ -32,6 +34,7 @@ from pipelines.config.layers import bucket_mapping
 from pipelines.runtime import quality
 from pipelines.runtime.eventlog import RunRecord
 from pipelines.runtime.flow_types import (
+    MERGE_SOURCE,
     Append,
     Batch,
     DeclaredTables,
@@ -45,6 +48,8 @@ from pipelines.runtime.flow_types import (
 from pipelines.runtime.progress import Increment, after, pending
 from pipelines.runtime.runner import Context, app_id, check_split, run_job, task_name
 from pipelines.storage import AppTxn, TableSpec, TableStore
+
+log = logging.getLogger("medallion.runner")
 
 
 @dataclass
@@ -150,13 +155,14 @@ def run_incremental(ctx: Context, flow: Flow, options: RunOptions, handoff: Hand
                 rows = rows.where(F.col("bucket").isin(*sorted(set(buckets))))
             run = RunOptions(buckets, options.drain)
             out = transform(Batch(rows, inc.start, inc.end, run, declared(ctx, flow), source), config, figures)
+            observed = lambda: figures.observed(MERGE_SOURCE)  # noqa: E731
             if target.key not in flow.gated:
-                version = write(ctx, flow, out, inc.txn, buckets)
+                version = write(ctx, flow, out, inc.txn, buckets, observed)
             elif not isinstance(flow.write, Merge):  # an append checks its rows as it writes them, where it can
                 version = gated_append(ctx, record, flow, out, inc.txn, buckets, params)
             else:
                 out = gate_rows(ctx, record, target.key, out, inc.txn, params)
-                version = write(ctx, flow, out, inc.txn, buckets)
+                version = write(ctx, flow, out, inc.txn, buckets, observed)
             if flow.figures is not None:
                 flow.figures(out, config, figures)
             record.add(source_from=inc.start, source_to=inc.end)
@@ -197,7 +203,7 @@ def run_whole(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
                 return
             if target.key in flow.gated:
                 out = gate_rows(ctx, record, target.key, out, AppTxn(app, run), params)
-            write(ctx, flow, out, AppTxn(app, run), None)
+            write(ctx, flow, out, AppTxn(app, run), None, lambda: figures.observed(MERGE_SOURCE))
             if flow.figures is not None:
                 flow.figures(out, config, figures)
             record.add(source_to=version)
@@ -207,15 +213,31 @@ def run_whole(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
     return run_job(ctx, flow.name, body)
 
 
-def write(ctx: Context, flow: Flow, out: DataFrame, txn: AppTxn, buckets: Sequence[int] | None) -> int:
+def write(
+    ctx: Context,
+    flow: Flow,
+    out: DataFrame,
+    txn: AppTxn,
+    buckets: Sequence[int] | None,
+    observed: Callable[[], Mapping[str, Any]] | None = None,
+) -> int:
     """``out`` into ``flow``'s target with the app transaction ``txn``: appended, or MERGEd (an
-    empty MERGE may not commit, so then the progress is recorded alone). The new version."""
+    empty MERGE may not commit, so then the progress is recorded alone; a source no target row
+    can match is appended, see ``MergeRules.appends_above``). ``observed``: the flow's
+    :data:`MERGE_SOURCE` figures. The new version."""
     target = flow.targets[0]
     if not isinstance(flow.write, Merge):
         return ctx.store.append(target, out, [txn])
     rules = flow.write.rules
     if out.isEmpty():
         return ctx.store.append(target, target.arrow_schema.empty_table(), [txn])
+    if (
+        rules.appends_above is not None
+        and rules.insert is None
+        and _above_target(ctx, target, out, rules.appends_above, buckets, observed)
+    ):
+        log.info("%s: no row of %s can match, appended", flow.name, target.key)
+        return ctx.store.append(target, out, [txn])
     return ctx.store.merge(
         target,
         out,
@@ -225,6 +247,30 @@ def write(ctx: Context, flow: Flow, out: DataFrame, txn: AppTxn, buckets: Sequen
         update_when=rules.update_when,
         txns=[txn],
     )
+
+
+def _above_target(
+    ctx: Context,
+    target: TableSpec,
+    out: DataFrame,
+    column: str,
+    buckets: Sequence[int] | None,
+    observed: Callable[[], Mapping[str, Any]] | None,
+) -> bool:
+    """Whether every row of ``out`` has ``column`` above every row the target holds (in
+    ``buckets``), by the target's statistics and the source's least value."""
+    held = ctx.store.greatest(target, column, buckets)
+    if held is None:
+        return False
+    if held.value is None:  # the target holds no rows there
+        return True
+    least = (observed() if observed is not None else {}).get("least")
+    if least is None:
+        row = out.agg(F.min(column)).first()  # one value
+        least = row[0] if row is not None else None
+    if isinstance(least, datetime) and least.tzinfo is None:  # Spark's local wall time
+        least = least.astimezone(UTC)
+    return least is not None and least > held.value
 
 
 def publish_outbox(store: TableStore, state: TableSpec, out: TableSpec, app: str, kind: str, columns: list[str]) -> int:

@@ -143,6 +143,13 @@ class AppTxn:
 
 
 @dataclass(frozen=True)
+class Greatest:
+    """What a table's statistics bound a column by: ``value`` (None: the files hold no rows)."""
+
+    value: Any | None
+
+
+@dataclass(frozen=True)
 class TxnSnapshot:
     """App-transaction versions as of one table version (the read version of a later write)."""
 
@@ -265,6 +272,12 @@ class TableStore(ABC):
             return self.files.added_stats(self.path(spec), start_version, end_version, spec.schema)
         except (StorageError, ValueError, TypeError, KeyError):  # a commit gone, statistics unread
             return None
+
+    def greatest(self, spec: TableSpec, column: str, buckets: Sequence[int] | None = None) -> Greatest | None:
+        """A bound no value of ``column`` in the table's rows is above (in ``buckets``' partitions
+        only, when the table is partitioned by bucket), read from the files' statistics with no
+        Spark job. None where the engine cannot tell without reading rows (here: always)."""
+        return None
 
     @abstractmethod
     def version(self, spec: TableSpec) -> int | None:

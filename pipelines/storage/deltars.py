@@ -36,6 +36,7 @@ from pipelines.storage.base import (
     COMMIT_VERSION,
     AppTxn,
     Data,
+    Greatest,
     Predicate,
     TableSpec,
     TableStats,
@@ -363,6 +364,27 @@ class DeltaRsStore(TableStore):
     def txn_snapshot(self, spec: TableSpec, app_ids: Sequence[str]) -> TxnSnapshot:
         dt = self._table(spec)
         return TxnSnapshot(dt.version(), {a: dt.transaction_version(a) for a in app_ids})
+
+    def greatest(self, spec: TableSpec, column: str, buckets: Sequence[int] | None = None) -> Greatest | None:
+        """From the add actions' statistics (the log, no file opened). A timestamp's statistics
+        keep milliseconds, so its bound is the statistic plus 1 ms. None when a file that holds
+        rows has no statistic for ``column``."""
+        if not self.exists(spec):
+            return Greatest(None)
+        actions = pa.table(self._table(spec).get_add_actions(flatten=True))
+        if buckets is not None and "bucket" in spec.partition_by:
+            wanted = pa.array(sorted({str(int(b)) for b in buckets}), pa.string())
+            actions = actions.filter(pc.is_in(actions.column("partition.bucket").cast(pa.string()), wanted))
+        actions = actions.filter(pc.greater(actions.column("num_records"), 0))
+        if actions.num_rows == 0:
+            return Greatest(None)
+        name = f"max.{column}"
+        if name not in actions.column_names or actions.column(name).null_count:
+            return None
+        value = pc.max(actions.column(name)).as_py()
+        if isinstance(value, datetime):
+            value += timedelta(milliseconds=1)
+        return Greatest(value)
 
     def stats(self, spec: TableSpec) -> TableStats:
         if not self.exists(spec):

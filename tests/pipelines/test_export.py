@@ -262,11 +262,11 @@ Patch = Callable[[pytest.MonkeyPatch, type[TableStore]], None]
         ),
         (
             "in the merger before its commit",
-            lambda m, store: crash_on(m, store, "merge", is_spec(GOLD_PROPERTY_VALUES), False),
+            lambda m, store: crash_on(m, store, ("append", "merge"), is_spec(GOLD_PROPERTY_VALUES), False),
         ),
         (
             "in the merger after its commit",
-            lambda m, store: crash_on(m, store, "merge", is_spec(GOLD_PROPERTY_VALUES), True),
+            lambda m, store: crash_on(m, store, ("append", "merge"), is_spec(GOLD_PROPERTY_VALUES), True),
         ),
     ],
 )

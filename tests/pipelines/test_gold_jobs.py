@@ -68,3 +68,41 @@ def test_stage_two_reads_the_table_when_more_than_stage_ones_write_is_pending(ct
         (1, "n", "1", 7),
     ]
     assert passes.gold_merge(ctx).status == "noop"
+
+
+def test_stage_two_appends_windows_gold_does_not_hold_and_merges_the_ones_it_holds(
+    ctx: Context, tmp_path: Path
+) -> None:
+    """A window is in the MERGE key: a source whose windows all start after gold's newest is
+    appended (delta-rs reads that from the log's statistics), one with a window gold holds is
+    MERGEd. The counts are the same either way."""
+
+    def land(name: str, minute: int, n: int, start: int) -> None:
+        path = write_events(tmp_path / name, 1, n, start=start)
+        path.write_text(path.read_text().replace("T00:00:", f"T00:{minute:02d}:"))
+        ingest.ingest_files(ctx, "events", [path])
+        passes.silver_events(ctx)
+        passes.gold_property_values(ctx)
+
+    land("a.jsonl", 0, 10, 0)  # gold is empty: appended
+    land("b.jsonl", 1, 4, 10)  # a later window only: appended
+    land("c.jsonl", 1, 2, 14)  # the window gold now holds: MERGEd
+    rows = ctx.store.read(GOLD_PROPERTY_VALUES).select("window_start", "property_key", "property_value", "count")
+    counts = sorted(
+        (r["window_start"].minute, r["property_key"], r["property_value"], r["count"]) for r in rows.collect()
+    )
+    assert counts == [
+        (0, "$browser", "Chrome", 5),
+        (0, "$browser", "Firefox", 5),
+        (0, "n", "0", 5),
+        (0, "n", "1", 5),
+        (1, "$browser", "Chrome", 3),
+        (1, "$browser", "Firefox", 3),
+        (1, "n", "0", 3),
+        (1, "n", "1", 3),
+    ]
+    commits = [h["operation"] for h in sorted(ctx.store.history(GOLD_PROPERTY_VALUES), key=lambda h: h["version"])]
+    if ctx.settings.delta_engine == "delta-rs":
+        assert commits[-3:] == ["WRITE", "WRITE", "MERGE"]
+    else:  # no statistics read without a Spark job there: every source is MERGEd, as before
+        assert commits[-3:] == ["MERGE", "MERGE", "MERGE"]

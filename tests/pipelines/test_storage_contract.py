@@ -19,7 +19,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from pipelines.config.settings import load_settings
 from pipelines.errors import CommitConflictError, InputError, StorageError
-from pipelines.storage import AddedStats, AppTxn, TableSpec, TableStore, open_store
+from pipelines.storage import AddedStats, AppTxn, Greatest, TableSpec, TableStore, open_store
 from pipelines.storage.base import STATS_COMMITS
 from pipelines.storage.deltaspark import DeltaSparkStore
 
@@ -243,6 +243,28 @@ def test_inserted_stats_need_every_added_file_to_have_its_statistics(tmp_path: P
     assert files.added_stats(uri, 0, 0, SCHEMA) == AddedStats(2, {"ts": T0 + timedelta(milliseconds=250)})
     assert files.added_stats(uri, 0, 1, SCHEMA) is None
     assert files.added_stats(uri, 2, 2, SCHEMA) is None
+
+
+def test_greatest_is_read_from_the_statistics_of_the_run_s_buckets(store: TableStore, spark: SparkSession) -> None:
+    schema = StructType(
+        [StructField("bucket", LongType()), StructField("ts", TimestampType()), StructField("n", LongType())]
+    )
+    spec = TableSpec("test", "bucketed", schema, partition_by=("bucket",), description="bucketed contract table")
+    store.ensure(spec)
+    if isinstance(store, DeltaSparkStore):  # its statistics are not read without a Spark job
+        assert store.greatest(spec, "ts") is None
+        return
+    ms = timedelta(milliseconds=1)
+    assert store.greatest(spec, "ts") == Greatest(None)  # no rows yet
+    store.append(spec, spark.createDataFrame([(0, T0, 5), (1, T0 + timedelta(hours=2), 7)], schema))
+    store.append(spec, spark.createDataFrame([(1, T0 + timedelta(hours=1), 9)], schema))
+    assert store.greatest(spec, "ts") == Greatest(T0 + timedelta(hours=2) + ms)  # statistics keep milliseconds
+    assert store.greatest(spec, "ts", [0]) == Greatest(T0 + ms)
+    assert store.greatest(spec, "ts", [0, 1]) == Greatest(T0 + timedelta(hours=2) + ms)
+    assert store.greatest(spec, "ts", [2]) == Greatest(None)  # nothing in that bucket
+    assert store.greatest(spec, "n", [1]) == Greatest(9)
+    store.append(spec, spark.createDataFrame([(2, None, 1)], schema))  # a file whose ts are all null
+    assert store.greatest(spec, "ts", [2]) is None  # no maximum to read: unknown, not "no rows"
 
 
 def test_delete_history_stats_and_maintenance(store: TableStore, spark: SparkSession) -> None:
