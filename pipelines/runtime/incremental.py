@@ -47,7 +47,7 @@ from pipelines.runtime.flow_types import (
 )
 from pipelines.runtime.progress import Increment, after, pending
 from pipelines.runtime.runner import Context, app_id, check_split, run_job, task_name
-from pipelines.storage import AppTxn, TableSpec, TableStore
+from pipelines.storage import AppTxn, Greatest, TableSpec, TableStore
 
 log = logging.getLogger("medallion.runner")
 
@@ -231,13 +231,11 @@ def write(
     rules = flow.write.rules
     if out.isEmpty():
         return ctx.store.append(target, target.arrow_schema.empty_table(), [txn])
-    if (
-        rules.appends_above is not None
-        and rules.insert is None
-        and _above_target(ctx, target, out, rules.appends_above, buckets, observed)
-    ):
-        log.info("%s: no row of %s can match, appended", flow.name, target.key)
-        return ctx.store.append(target, out, [txn])
+    if rules.appends_above is not None and rules.insert is None:
+        held = _above_target(ctx, target, out, rules.appends_above, buckets, observed)
+        if held is not None:  # committed through the version the bound was read at
+            log.info("%s: no row of %s can match, appended", flow.name, target.key)
+            return ctx.store.append(target, out, [txn], read_version=held.version)
     return ctx.store.merge(
         target,
         out,
@@ -256,21 +254,22 @@ def _above_target(
     column: str,
     buckets: Sequence[int] | None,
     observed: Callable[[], Mapping[str, Any]] | None,
-) -> bool:
-    """Whether every row of ``out`` has ``column`` above every row the target holds (in
-    ``buckets``), by the target's statistics and the source's least value."""
+) -> Greatest | None:
+    """The target's bound when every row of ``out`` has ``column`` above every row the target
+    holds in ``buckets`` (the MERGE condition names them), by the target's statistics and the
+    source's least value; None when some row may match."""
     held = ctx.store.greatest(target, column, buckets)
     if held is None:
-        return False
+        return None
     if held.value is None:  # the target holds no rows there
-        return True
+        return held
     least = (observed() if observed is not None else {}).get("least")
     if least is None:
         row = out.agg(F.min(column)).first()  # one value
         least = row[0] if row is not None else None
     if isinstance(least, datetime) and least.tzinfo is None:  # Spark's local wall time
         least = least.astimezone(UTC)
-    return least is not None and least > held.value
+    return held if least is not None and least > held.value else None
 
 
 def publish_outbox(store: TableStore, state: TableSpec, out: TableSpec, app: str, kind: str, columns: list[str]) -> int:

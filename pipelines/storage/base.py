@@ -144,9 +144,11 @@ class AppTxn:
 
 @dataclass(frozen=True)
 class Greatest:
-    """What a table's statistics bound a column by: ``value`` (None: the files hold no rows)."""
+    """What a table's statistics bound a column by: ``value`` (None: the files hold no rows), as
+    of ``version`` (None: the table does not exist yet)."""
 
     value: Any | None
+    version: int | None = None
 
 
 @dataclass(frozen=True)
@@ -275,8 +277,9 @@ class TableStore(ABC):
 
     def greatest(self, spec: TableSpec, column: str, buckets: Sequence[int] | None = None) -> Greatest | None:
         """A bound no value of ``column`` in the table's rows is above (in ``buckets``' partitions
-        only, when the table is partitioned by bucket), read from the files' statistics with no
-        Spark job. None where the engine cannot tell without reading rows (here: always)."""
+        only, when the table is partitioned by bucket; none or empty: every bucket), read from the
+        files' statistics with no Spark job. None where the engine cannot tell without reading rows
+        (here: always)."""
         return None
 
     @abstractmethod

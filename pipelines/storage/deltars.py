@@ -367,24 +367,32 @@ class DeltaRsStore(TableStore):
 
     def greatest(self, spec: TableSpec, column: str, buckets: Sequence[int] | None = None) -> Greatest | None:
         """From the add actions' statistics (the log, no file opened). A timestamp's statistics
-        keep milliseconds, so its bound is the statistic plus 1 ms. None when a file that holds
-        rows has no statistic for ``column``."""
+        keep milliseconds, so its bound is the statistic plus 1 ms. None when a file that may hold
+        rows (its row count unknown included) has no statistic for ``column``."""
         if not self.exists(spec):
             return Greatest(None)
-        actions = pa.table(self._table(spec).get_add_actions(flatten=True))
-        if buckets is not None and "bucket" in spec.partition_by:
+        dt = self._table(spec)
+        version = dt.version()
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        if actions.num_rows == 0:
+            return Greatest(None, version)
+        name = f"max.{column}"
+        if buckets and "bucket" in spec.partition_by:
+            if "partition.bucket" not in actions.column_names:
+                return None
             wanted = pa.array(sorted({str(int(b)) for b in buckets}), pa.string())
             actions = actions.filter(pc.is_in(actions.column("partition.bucket").cast(pa.string()), wanted))
-        actions = actions.filter(pc.greater(actions.column("num_records"), 0))
+        if "num_records" in actions.column_names:  # a file whose count is unknown may hold rows
+            rows = actions.column("num_records")
+            actions = actions.filter(pc.or_kleene(pc.is_null(rows), pc.greater(rows, 0)))
         if actions.num_rows == 0:
-            return Greatest(None)
-        name = f"max.{column}"
+            return Greatest(None, version)
         if name not in actions.column_names or actions.column(name).null_count:
             return None
         value = pc.max(actions.column(name)).as_py()
         if isinstance(value, datetime):
             value += timedelta(milliseconds=1)
-        return Greatest(value)
+        return Greatest(value, version)
 
     def stats(self, spec: TableSpec) -> TableStats:
         if not self.exists(spec):

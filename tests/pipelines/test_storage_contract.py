@@ -19,7 +19,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from pipelines.config.settings import load_settings
 from pipelines.errors import CommitConflictError, InputError, StorageError
-from pipelines.storage import AddedStats, AppTxn, Greatest, TableSpec, TableStore, open_store
+from pipelines.storage import AddedStats, AppTxn, TableSpec, TableStore, open_store
 from pipelines.storage.base import STATS_COMMITS
 from pipelines.storage.deltaspark import DeltaSparkStore
 
@@ -254,15 +254,22 @@ def test_greatest_is_read_from_the_statistics_of_the_run_s_buckets(store: TableS
     if isinstance(store, DeltaSparkStore):  # its statistics are not read without a Spark job
         assert store.greatest(spec, "ts") is None
         return
+
+    def greatest(column: str, buckets: list[int] | None = None) -> object:
+        bound = store.greatest(spec, column, buckets)
+        assert bound is not None and bound.version == store.version(spec)
+        return bound.value
+
     ms = timedelta(milliseconds=1)
-    assert store.greatest(spec, "ts") == Greatest(None)  # no rows yet
+    assert greatest("ts") is None and greatest("ts", [1]) is None  # no rows yet
     store.append(spec, spark.createDataFrame([(0, T0, 5), (1, T0 + timedelta(hours=2), 7)], schema))
     store.append(spec, spark.createDataFrame([(1, T0 + timedelta(hours=1), 9)], schema))
-    assert store.greatest(spec, "ts") == Greatest(T0 + timedelta(hours=2) + ms)  # statistics keep milliseconds
-    assert store.greatest(spec, "ts", [0]) == Greatest(T0 + ms)
-    assert store.greatest(spec, "ts", [0, 1]) == Greatest(T0 + timedelta(hours=2) + ms)
-    assert store.greatest(spec, "ts", [2]) == Greatest(None)  # nothing in that bucket
-    assert store.greatest(spec, "n", [1]) == Greatest(9)
+    assert greatest("ts") == T0 + timedelta(hours=2) + ms  # statistics keep milliseconds
+    assert greatest("ts", []) == T0 + timedelta(hours=2) + ms  # no buckets named: all of them
+    assert greatest("ts", [0]) == T0 + ms
+    assert greatest("ts", [0, 1]) == T0 + timedelta(hours=2) + ms
+    assert greatest("ts", [2]) is None  # nothing in that bucket
+    assert greatest("n", [1]) == 9
     store.append(spec, spark.createDataFrame([(2, None, 1)], schema))  # a file whose ts are all null
     assert store.greatest(spec, "ts", [2]) is None  # no maximum to read: unknown, not "no rows"
 
