@@ -115,5 +115,5 @@ def merged_figures(out: DataFrame, config: GoldConfig, record: FlowRecord) -> No
 
 #: How stage 2 writes: each tuple's counts added to what gold holds, in the run's buckets only. A
 #: window is in the MERGE key, so a source whose windows all start after every window gold holds
-#: (a first load, a backfill, a batch of new windows only) is appended.
+#: in the run's buckets (a first load, a batch of new windows only) is appended.
 GOLD_MERGE = MergeRules(merge_on, MERGE_UPDATE, appends_above=WINDOW_START)

@@ -155,14 +155,13 @@ def run_incremental(ctx: Context, flow: Flow, options: RunOptions, handoff: Hand
                 rows = rows.where(F.col("bucket").isin(*sorted(set(buckets))))
             run = RunOptions(buckets, options.drain)
             out = transform(Batch(rows, inc.start, inc.end, run, declared(ctx, flow), source), config, figures)
-            observed = lambda: figures.observed(MERGE_SOURCE)  # noqa: E731
             if target.key not in flow.gated:
-                version = write(ctx, flow, out, inc.txn, buckets, observed)
+                version = write(ctx, flow, out, inc.txn, buckets, figures)
             elif not isinstance(flow.write, Merge):  # an append checks its rows as it writes them, where it can
                 version = gated_append(ctx, record, flow, out, inc.txn, buckets, params)
             else:
                 out = gate_rows(ctx, record, target.key, out, inc.txn, params)
-                version = write(ctx, flow, out, inc.txn, buckets, observed)
+                version = write(ctx, flow, out, inc.txn, buckets, figures)
             if flow.figures is not None:
                 flow.figures(out, config, figures)
             record.add(source_from=inc.start, source_to=inc.end)
@@ -203,7 +202,7 @@ def run_whole(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
                 return
             if target.key in flow.gated:
                 out = gate_rows(ctx, record, target.key, out, AppTxn(app, run), params)
-            write(ctx, flow, out, AppTxn(app, run), None, lambda: figures.observed(MERGE_SOURCE))
+            write(ctx, flow, out, AppTxn(app, run), None, figures)
             if flow.figures is not None:
                 flow.figures(out, config, figures)
             record.add(source_to=version)
@@ -219,12 +218,12 @@ def write(
     out: DataFrame,
     txn: AppTxn,
     buckets: Sequence[int] | None,
-    observed: Callable[[], Mapping[str, Any]] | None = None,
+    figures: FlowRecord | None = None,
 ) -> int:
     """``out`` into ``flow``'s target with the app transaction ``txn``: appended, or MERGEd (an
     empty MERGE may not commit, so then the progress is recorded alone; a source no target row
-    can match is appended, see ``MergeRules.appends_above``). ``observed``: the flow's
-    :data:`MERGE_SOURCE` figures. The new version."""
+    can match is appended, see ``MergeRules.appends_above``; ``figures``: the flow's record, which
+    may hold its :data:`MERGE_SOURCE` observation). The new version."""
     target = flow.targets[0]
     if not isinstance(flow.write, Merge):
         return ctx.store.append(target, out, [txn])
@@ -232,7 +231,7 @@ def write(
     if out.isEmpty():
         return ctx.store.append(target, target.arrow_schema.empty_table(), [txn])
     if rules.appends_above is not None and rules.insert is None:
-        held = _above_target(ctx, target, out, rules.appends_above, buckets, observed)
+        held = _above_target(ctx, target, out, rules.appends_above, buckets, figures)
         if held is not None:  # committed through the version the bound was read at
             log.info("%s: no row of %s can match, appended", flow.name, target.key)
             return ctx.store.append(target, out, [txn], read_version=held.version)
@@ -253,7 +252,7 @@ def _above_target(
     out: DataFrame,
     column: str,
     buckets: Sequence[int] | None,
-    observed: Callable[[], Mapping[str, Any]] | None,
+    figures: FlowRecord | None,
 ) -> Greatest | None:
     """The target's bound when every row of ``out`` has ``column`` above every row the target
     holds in ``buckets`` (the MERGE condition names them), by the target's statistics and the
@@ -263,7 +262,7 @@ def _above_target(
         return None
     if held.value is None:  # the target holds no rows there
         return held
-    least = (observed() if observed is not None else {}).get("least")
+    least = figures.observed(MERGE_SOURCE).get("least") if figures is not None else None
     if least is None:
         row = out.agg(F.min(column)).first()  # one value
         least = row[0] if row is not None else None
