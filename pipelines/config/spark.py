@@ -20,8 +20,10 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
+from pyspark import SparkContext
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 
+from pipelines.config import class_archive
 from pipelines.config.settings import Settings
 from pipelines.errors import EngineUnavailableError, JavaNotFoundError
 
@@ -134,6 +136,39 @@ def _runtime_confs(confs: dict[str, str]) -> dict[str, str]:
     }
 
 
+def _gateway_exited(exc: Exception) -> bool:
+    return "JAVA_GATEWAY_EXITED" in str(exc) or "Java gateway process exited" in str(exc)
+
+
+def _start_jvm(
+    settings: Settings, confs: dict[str, str], start: Callable[[dict[str, str]], SparkSession]
+) -> SparkSession:
+    """``start(confs)``, the session whose JVM this process starts, with the class archive of this
+    JVM and jar set mapped (``spark.class_archive``). Where there is none yet, the session starts
+    without it and its builder is started. An archive the JVM cannot start with is removed and the
+    start tried once without it. No archive when the setting is off, a JVM runs in this process
+    already, or the user's own JVM options set class sharing."""
+    java = check_java()
+    options = confs.get("spark.driver.extraJavaOptions", "")
+    own = any(flag in options for flag in ("Xshare", "SharedArchiveFile", "ArchiveClassesAtExit"))
+    if not settings.spark.class_archive or SparkContext._gateway is not None or own:
+        return start(confs)
+    jars = [j for j in confs.get("spark.jars", "").split(",") if j]
+    archive = class_archive.archive_for(java, jars)
+    mapped = class_archive.options(archive)
+    if mapped is None:
+        spark = start(confs)
+        class_archive.start_builder(archive, options, jars)
+        return spark
+    try:
+        return start({**confs, "spark.driver.extraJavaOptions": f"{options} {mapped}".strip()})
+    except Exception as exc:
+        if not _gateway_exited(exc):
+            raise
+        archive.path.unlink(missing_ok=True)  # the JVM could not start with it: the next run rebuilds it
+        return start(confs)
+
+
 def build_connect(settings: Settings, confs: dict[str, str]) -> SparkSession:
     """A Spark Connect session: ``sc://host:port`` reaches a running Connect server (serverless
     and standard-access compute work this way); a master (``local[N]``, ``spark://host:port``)
@@ -146,19 +181,22 @@ def build_connect(settings: Settings, confs: dict[str, str]) -> SparkSession:
         for key, value in _runtime_confs(confs).items():
             spark.conf.set(key, value)
         return spark
-    check_java()
     if not os.environ.get("PYSPARK_PYTHON"):
         os.environ["PYSPARK_PYTHON"] = sys.executable
-    # Spark's API mode "connect" starts the server in this process on any master (remote() takes
-    # only local[N]); the client session then talks to it.
-    builder = SparkSession.builder.master(remote).config("spark.api.mode", "connect").appName(settings.spark.app_name)
-    for key, value in confs.items():
-        builder = builder.config(key, value)
-    with warnings.catch_warnings():
-        # The local server starts with every conf; the client then sets them again on its
-        # session, and Spark refuses the static ones it already has ("Failed to set ...").
-        warnings.filterwarnings("ignore", message="Failed to set spark")
-        return builder.getOrCreate()
+
+    def start(confs: dict[str, str]) -> SparkSession:
+        # Spark's API mode "connect" starts the server in this process on any master (remote()
+        # takes only local[N]); the client session then talks to it.
+        builder = SparkSession.builder.master(remote).config("spark.api.mode", "connect")
+        for key, value in confs.items():
+            builder = builder.config(key, value)
+        with warnings.catch_warnings():
+            # The local server starts with every conf; the client then sets them again on its
+            # session, and Spark refuses the static ones it already has ("Failed to set ...").
+            warnings.filterwarnings("ignore", message="Failed to set spark")
+            return builder.appName(settings.spark.app_name).getOrCreate()
+
+    return _start_jvm(settings, confs, start)
 
 
 def build_spark(settings: Settings) -> SparkSession:
@@ -172,18 +210,21 @@ def build_spark(settings: Settings) -> SparkSession:
             spark.conf.set(key, value)
         return spark
 
-    check_java()
     if not os.environ.get("PYSPARK_PYTHON"):
         # The conf alone does not reach every worker launch (Arrow UDFs in local mode start
         # ``$PYSPARK_PYTHON`` or ``python3`` from PATH), so the environment says it too.
         os.environ["PYSPARK_PYTHON"] = sys.executable
-    builder = SparkSession.builder.master(settings.spark.master or "local[2]").appName(settings.spark.app_name)
-    for key, value in confs.items():
-        builder = builder.config(key, value)
+
+    def start(confs: dict[str, str]) -> SparkSession:
+        builder = SparkSession.builder.master(settings.spark.master or "local[2]").appName(settings.spark.app_name)
+        for key, value in confs.items():
+            builder = builder.config(key, value)
+        return builder.getOrCreate()
+
     try:
-        spark = builder.getOrCreate()
+        spark = _start_jvm(settings, confs, start)
     except Exception as exc:  # py4j/pyspark raise several types when the JVM cannot start
-        if "JAVA_GATEWAY_EXITED" in str(exc) or "Java gateway process exited" in str(exc):
+        if _gateway_exited(exc):
             raise JavaNotFoundError(f"{JAVA_HELP} (the Java gateway exited at start)") from exc
         raise
     spark.sparkContext.setLogLevel(settings.spark.log_level)
