@@ -7,18 +7,21 @@ jar, parsed and verified; a scheduled job pays that on every run. A dynamic arch
 (``-XX:SharedArchiveFile``): a local session and its first queries about 3 s sooner, a third less
 of the JVM's CPU at start (docs/performance.md).
 
-One archive per JVM build, pyspark build and jar set, in the user's cache, named by a digest of
-them. A session that finds none starts as Java's default does and hands the archive's making to a
-builder process of its own (``python -m pipelines.config.class_archive``, at low priority, one at
-a time): it starts a session of the same JVM and jars, runs the pipeline's transforms on a few
-events, and at its JVM's exit waits while Java writes the archive (about 10 s), then renames it
+One archive (about 175 MB) per JVM build, Spark build and class path, in the user's cache, named by
+a digest of them; the newest :data:`KEEP` are kept. A session that finds none starts as Java's
+default does and hands the archive's making to a builder process of its own (``python -m
+pipelines.config.class_archive``): one at a time (a lock the kernel drops with its holder), at the
+lowest priority, it starts a session of the same JVM and jars, runs the pipeline's transforms on a
+few events, and at its JVM's exit waits while Java writes the archive (about 10 s), then renames it
 into place only if the JVM exited cleanly, so a reader never maps a part-written archive (Java
-faults on one). A JVM that does not accept an archive (another build, a changed jar) starts
-without it, as Java does by default.
+faults on one). A build that fails is not tried again for a day (``<key>.failed``, its output in
+``<key>.log``). A JVM that does not accept an archive (another build, a changed jar) starts without
+it, as Java does by default.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import subprocess
@@ -26,7 +29,6 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,10 +39,25 @@ if TYPE_CHECKING:
 
 #: Keeps the archive's messages off the console (Java logs a refused archive as a warning).
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
-#: A lock whose builder's process id cannot be read is taken to be left by a dead one after this long.
-STALE_SECONDS = 600.0
-#: A builder gives its JVM this long to exit and write the archive.
-DUMP_TIMEOUT = 300.0
+#: Archives kept in the folder (the newest used); older ones are removed by the next build.
+KEEP = 3
+#: A build that failed is not tried again for this long.
+RETRY_AFTER_SECONDS = 86_400.0
+#: A builder gives its JVM this long to exit and write the archive (it yields the processors to
+#: everything else, so a busy machine slows it).
+DUMP_TIMEOUT = 900.0
+#: What a builder must not inherit from the process that started it: a Connect session's or
+#: spark-submit's hand-over to a JVM that is not the builder's own.
+NOT_INHERITED = (
+    "SPARK_REMOTE",
+    "SPARK_CONNECT_MODE_ENABLED",
+    "SPARK_LOCAL_REMOTE",
+    "SPARK_CONNECT_AUTHENTICATE_TOKEN",
+    "SPARK_API_MODE",
+    "PYSPARK_GATEWAY_PORT",
+    "PYSPARK_GATEWAY_SECRET",
+    "PYSPARK_SUBMIT_ARGS",
+)
 
 
 def cache_dir() -> Path:
@@ -56,14 +73,18 @@ def _stamp(path: Path) -> str:
     return f"{path}:{st.st_size}:{st.st_mtime_ns}"
 
 
-def archive_key(java: str, jars: list[str]) -> str:
-    """A digest of what the archive's classes come from: the JVM binary, pyspark's jars and the
-    extra jars (``spark.jars``). Any change names a new archive."""
-    spark_jars = Path(pyspark.__file__).parent / "jars"
-    listed = sorted(spark_jars.glob("*.jar")) if spark_jars.is_dir() else []
+def archive_key(java: str, jars: list[str], class_path: str = "") -> str:
+    """A digest of what the archive's classes come from: the JVM (its launcher and library), Spark's
+    jars (pyspark's, or ``SPARK_HOME``'s), the extra jars (``spark.jars``) and class path. Any change
+    names a new archive."""
+    home = Path(os.environ.get("SPARK_HOME") or Path(pyspark.__file__).parent)
+    listed = sorted((home / "jars").glob("*.jar")) if (home / "jars").is_dir() else []
+    launcher = Path(os.path.realpath(java))
     parts = [
-        _stamp(Path(os.path.realpath(java))),
-        version("pyspark"),
+        _stamp(launcher),
+        _stamp(launcher.parent.parent / "lib" / "server" / "libjvm.so"),
+        pyspark.__version__,
+        class_path,
         *(_stamp(p) for p in listed),
         *(_stamp(Path(j)) for j in jars if "://" not in j),
     ]
@@ -72,89 +93,90 @@ def archive_key(java: str, jars: list[str]) -> str:
 
 @dataclass(frozen=True)
 class Archive:
-    """Where the archive of one JVM and jar set lives, and the builder's lock beside it."""
+    """Where the archive of one JVM and class path lives, and its builder's files beside it."""
 
     path: Path
 
-    @property
-    def lock(self) -> Path:
-        return self.path.with_suffix(".lock")
+    def beside(self, suffix: str) -> Path:
+        return self.path.with_suffix(suffix)
 
     def dump(self) -> Path:
         return self.path.with_name(f"{self.path.stem}.{os.getpid()}.tmp")
 
 
-def archive_for(java: str, jars: list[str], folder: Path | None = None) -> Archive:
-    return Archive((folder or cache_dir()) / f"{archive_key(java, jars)}.jsa")
+def archive_for(java: str, jars: list[str], class_path: str = "", folder: Path | None = None) -> Archive:
+    return Archive((folder or cache_dir()) / f"{archive_key(java, jars, class_path)}.jsa")
+
+
+def usable_here() -> bool:
+    """POSIX (the lock and the builder's priority are), and a cache path Spark's option parser
+    keeps whole (it splits JVM options at spaces)."""
+    return os.name == "posix" and not any(c.isspace() for c in str(cache_dir()))
 
 
 def options(archive: Archive) -> str | None:
-    """The JVM options that map ``archive``; None while it does not exist."""
-    return f"-XX:SharedArchiveFile={archive.path} {QUIET}" if archive.path.is_file() else None
-
-
-def _alive(pid: int) -> bool:
+    """The JVM options that map ``archive``; None while it does not exist. Mapping it marks it used
+    (the folder keeps the newest used)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
-def _held(lock: Path) -> bool:
-    """Whether a live builder holds ``lock`` (the file holds its process id)."""
-    try:
-        pid = int(lock.read_text())
-    except FileNotFoundError:
-        return False
-    except (OSError, ValueError):  # being written (or unreadable): its age decides
-        try:
-            return time.time() - lock.stat().st_mtime < STALE_SECONDS
-        except OSError:
-            return False
-    return _alive(pid)
-
-
-def start_builder(archive: Archive, java_options: str, jars: list[str]) -> subprocess.Popen[bytes] | None:
-    """Starts the builder of ``archive`` in a session of its own, unless one is at work on it or
-    its folder cannot be written. It outlives this process and ends by itself."""
-    if _held(archive.lock):
-        return None
-    try:
-        archive.path.parent.mkdir(parents=True, exist_ok=True)
+        os.utime(archive.path)
     except OSError:
         return None
-    if not os.access(archive.path.parent, os.W_OK):
-        return None
-    command = [sys.executable, "-m", __name__, str(archive.path), java_options, ",".join(jars)]
-    return subprocess.Popen(
-        command,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # not in the caller's process group: a Ctrl-C there does not reach it
-    )
+    return f"-XX:SharedArchiveFile={archive.path} {QUIET}"
 
 
-def _take_lock(lock: Path) -> bool:
-    if lock.exists() and not _held(lock):
-        lock.unlink(missing_ok=True)  # its builder died
+def _lock(archive: Archive) -> int | None:
+    """The builder's lock on ``archive``, held until the descriptor closes or the process dies;
+    None while another process holds it. The file stays: only the kernel's lock on it counts."""
+    fd = os.open(archive.beside(".lock"), os.O_CREAT | os.O_WRONLY, 0o644)
     try:
-        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _failed_lately(archive: Archive) -> bool:
+    try:
+        return time.time() - archive.beside(".failed").stat().st_mtime < RETRY_AFTER_SECONDS
     except OSError:
         return False
-    os.write(fd, str(os.getpid()).encode())
-    os.close(fd)
-    return True
 
 
-def _remove_dead_dumps(folder: Path) -> None:
-    """Dumps left by builders that died before renaming them (``<key>.<pid>.tmp``)."""
-    for left in folder.glob("*.tmp"):
-        pid = left.suffixes[-2][1:] if len(left.suffixes) >= 2 else ""
-        if not pid.isdigit() or not _alive(int(pid)):
+def start_builder(archive: Archive, jars: list[str]) -> subprocess.Popen[bytes] | None:
+    """Starts the builder of ``archive`` in a session of its own, unless one is at work on it, a
+    build failed lately, or its folder cannot be written. It outlives this process and ends by
+    itself; its output goes to ``<key>.log``."""
+    folder = archive.path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if _failed_lately(archive) or not os.access(folder, os.W_OK):
+            return None
+        held = _lock(archive)
+        if held is None:
+            return None
+        os.close(held)  # free again: the builder takes it (of two started at once, one builds)
+        env = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
+        command = [sys.executable, "-m", __name__, str(archive.path), ",".join(jars)]
+        with archive.beside(".log").open("wb") as log:
+            return subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=folder,  # a JVM's crash report lands beside the archive, not in the user's folder
+                env=env,
+                start_new_session=True,  # not in the caller's process group: a Ctrl-C there does not reach it
+            )
+    except OSError:
+        return None
+
+
+def _evict(folder: Path, keep: int = KEEP) -> None:
+    """Archives past the newest used ``keep``, with their builders' files."""
+    archives = sorted(folder.glob("*.jsa"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in archives[keep:]:
+        for left in (old, old.with_suffix(".log"), old.with_suffix(".failed")):
             left.unlink(missing_ok=True)
 
 
@@ -196,40 +218,74 @@ def _work(spark: SparkSession) -> None:
         spark.read.parquet(f"{folder}/gold").groupBy("team_id").count().collect()
 
 
-def build(path: Path, java_options: str, jars: list[str]) -> int:
-    """Writes the archive at ``path`` (the builder process's body); 0 when it was written."""
-    archive = Archive(path)
-    if archive.path.is_file() or not _take_lock(archive.lock):
-        return 0
-    try:
-        _remove_dead_dumps(archive.path.parent)
-        os.nice(10)
-        dump = archive.dump()
-        from pyspark import SparkContext
-        from pyspark.sql import SparkSession
-
-        builder = SparkSession.builder.master("local[1]").appName("medallion-class-archive")
-        builder = builder.config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "1")
-        java_options = f"{java_options} -XX:ArchiveClassesAtExit={dump} {QUIET}"
-        builder = builder.config("spark.driver.extraJavaOptions", java_options)
-        if jars:
-            builder = builder.config("spark.jars", ",".join(jars))
-        spark = builder.getOrCreate()
-        proc = SparkContext._gateway.proc  # type: ignore[union-attr]
+def _lowest_priority() -> None:
+    """The builder and its JVM yield the processors to anything else. Linux shares the processors
+    between sessions first (autogroup), whatever a process's nice value, so a builder that leads a
+    session of its own lowers the session's share as well."""
+    if os.getsid(0) == os.getpid():
         try:
-            _work(spark)
-        finally:
-            spark.stop()
-            proc.stdin.close()  # the gateway exits at EOF on its stdin; Java then writes the archive
-            code = proc.wait(timeout=DUMP_TIMEOUT)
-        if code == 0 and dump.is_file() and dump.stat().st_size > 0:
-            os.replace(dump, archive.path)
-            return 0
-        dump.unlink(missing_ok=True)
-        return 1
+            Path("/proc/self/autogroup").write_text("19")
+        except OSError:  # no autogroup (another OS, or the kernel's off)
+            pass
+    os.nice(19)
+
+
+def _dump_with(dump: Path, jars: list[str]) -> int:
+    """Runs a session whose JVM dumps its classes into ``dump`` at exit; the JVM's exit code."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    log4j = Path(__file__).with_name("log4j2.properties").as_uri()
+    java_options = f"-Duser.timezone=UTC -Dlog4j2.configurationFile={log4j} -XX:ArchiveClassesAtExit={dump} {QUIET}"
+    builder = SparkSession.builder.master("local[1]").appName("medallion-class-archive")
+    builder = builder.config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "1")
+    builder = builder.config("spark.driver.extraJavaOptions", java_options)
+    if jars:
+        builder = builder.config("spark.jars", ",".join(jars))
+    spark = builder.getOrCreate()
+    proc = SparkContext._gateway.proc  # type: ignore[union-attr]
+    try:
+        _work(spark)
     finally:
-        archive.lock.unlink(missing_ok=True)
+        spark.stop()
+        proc.stdin.close()  # the gateway exits at EOF on its stdin; Java then writes the archive
+        try:
+            proc.wait(timeout=DUMP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return int(proc.returncode)
+
+
+def build(path: Path, jars: list[str]) -> int:
+    """Writes the archive at ``path`` (the builder process's body); 0 when it was written or is
+    another builder's to write. A failure is marked ``<key>.failed`` for a day."""
+    archive = Archive(path)
+    held = _lock(archive)
+    if held is None or archive.path.is_file():
+        return 0
+    dump = archive.dump()
+    try:
+        for left in archive.path.parent.glob("*.tmp"):  # only the lock's holder dumps: a dead one's
+            left.unlink(missing_ok=True)
+        _lowest_priority()
+        code = _dump_with(dump, jars)
+        if code != 0 or not dump.is_file() or dump.stat().st_size == 0:
+            archive.beside(".failed").write_text(f"the JVM exited {code} without an archive\n")
+            return 1
+        with dump.open("rb") as written:
+            os.fsync(written.fileno())
+        os.replace(dump, archive.path)
+        archive.beside(".failed").unlink(missing_ok=True)
+        _evict(archive.path.parent)
+        return 0
+    except BaseException as exc:
+        archive.beside(".failed").write_text(f"{type(exc).__name__}: {exc}\n")
+        raise
+    finally:
+        dump.unlink(missing_ok=True)
+        os.close(held)
 
 
 if __name__ == "__main__":
-    sys.exit(build(Path(sys.argv[1]), sys.argv[2], [j for j in sys.argv[3].split(",") if j]))
+    sys.exit(build(Path(sys.argv[1]), [j for j in sys.argv[2].split(",") if j]))

@@ -62,8 +62,9 @@ class SparkSettings(_Section):
         default=True,
         description=(
             "a session this process starts maps the JVM's classes from an archive in the user's cache "
-            "(Java's class-data sharing), written at the exit of the first run without one: a cold "
-            "start about 3 s sooner (docs/performance.md); off, every JVM loads its classes anew"
+            "(Java's class-data sharing), written once by a builder process beside the first session "
+            "without one: a cold start about 3 s sooner (docs/performance.md); off, every JVM loads "
+            "its classes anew"
         ),
     )
     conf: dict[str, str] = Field(default_factory=dict, description="extra Spark confs, as a JSON object")

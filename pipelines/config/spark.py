@@ -144,29 +144,44 @@ def _start_jvm(
     settings: Settings, confs: dict[str, str], start: Callable[[dict[str, str]], SparkSession]
 ) -> SparkSession:
     """``start(confs)``, the session whose JVM this process starts, with the class archive of this
-    JVM and jar set mapped (``spark.class_archive``). Where there is none yet, the session starts
-    without it and its builder is started. An archive the JVM cannot start with is removed and the
-    start tried once without it. No archive when the setting is off, a JVM runs in this process
-    already, or the user's own JVM options set class sharing."""
+    JVM and class path mapped (``spark.class_archive``). Where there is none yet, the session starts
+    without it and its builder is started. An archive the JVM cannot start with is removed once the
+    start without it succeeds. No archive when the setting is off, a JVM runs in this process
+    already or a cluster manager started one, or the user's own JVM options set class sharing."""
     java = check_java()
     options = confs.get("spark.driver.extraJavaOptions", "")
-    own = any(flag in options for flag in ("Xshare", "SharedArchiveFile", "ArchiveClassesAtExit"))
-    if not settings.spark.class_archive or SparkContext._gateway is not None or own:
+    theirs = " ".join(
+        [options, confs.get("spark.driver.defaultJavaOptions", "")]
+        + [os.environ.get(v, "") for v in ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")]
+    )
+    own = any(flag in theirs for flag in ("Xshare", "SharedArchiveFile", "ArchiveClassesAtExit"))
+    if (
+        not settings.spark.class_archive
+        or own
+        or SparkContext._gateway is not None
+        or _under_cluster_manager()
+        or not class_archive.usable_here()
+    ):
         return start(confs)
     jars = [j for j in confs.get("spark.jars", "").split(",") if j]
-    archive = class_archive.archive_for(java, jars)
-    mapped = class_archive.options(archive)
-    if mapped is None:
+    try:
+        archive = class_archive.archive_for(java, jars, confs.get("spark.driver.extraClassPath", ""))
+        mapped = class_archive.options(archive)
+    except Exception:  # the archive is a speed-up: whatever stops it, the session starts without
+        archive, mapped = None, None
+    if archive is None or mapped is None:
         spark = start(confs)
-        class_archive.start_builder(archive, options, jars)
+        if archive is not None:
+            class_archive.start_builder(archive, jars)
         return spark
     try:
         return start({**confs, "spark.driver.extraJavaOptions": f"{options} {mapped}".strip()})
     except Exception as exc:
         if not _gateway_exited(exc):
             raise
+        spark = start(confs)  # raises as before if the JVM cannot start without it either
         archive.path.unlink(missing_ok=True)  # the JVM could not start with it: the next run rebuilds it
-        return start(confs)
+        return spark
 
 
 def build_connect(settings: Settings, confs: dict[str, str]) -> SparkSession:
