@@ -15,6 +15,7 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from pipelines.config import class_archive
+from pipelines.config import spark as spark_module
 from pipelines.config.settings import Settings, load_settings
 from pipelines.config.spark import _start_jvm, check_java, spark_confs
 
@@ -23,6 +24,8 @@ from pipelines.config.spark import _start_jvm, check_java, spark_confs
 def no_jvm_yet(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """As in a process that has not started its JVM, with the user's cache under ``tmp_path``."""
     monkeypatch.setattr(SparkContext, "_gateway", None)
+    # The suite's own session is this process's active one: not a cluster manager's here.
+    monkeypatch.setattr(spark_module, "_under_cluster_manager", lambda: False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     for handed_over in ("PYSPARK_GATEWAY_PORT", "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS"):
         monkeypatch.delenv(handed_over, raising=False)
