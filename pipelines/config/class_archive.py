@@ -143,7 +143,7 @@ def _failed_lately(archive: Archive) -> bool:
         return False
 
 
-def start_builder(archive: Archive, jars: list[str]) -> subprocess.Popen[bytes] | None:
+def start_builder(archive: Archive, jars: list[str], class_path: str = "") -> subprocess.Popen[bytes] | None:
     """Starts the builder of ``archive`` in a session of its own, unless one is at work on it, a
     build failed lately, or its folder cannot be written. It outlives this process and ends by
     itself; its output goes to ``<key>.log``."""
@@ -156,8 +156,10 @@ def start_builder(archive: Archive, jars: list[str]) -> subprocess.Popen[bytes] 
         if held is None:
             return None
         os.close(held)  # free again: the builder takes it (of two started at once, one builds)
-        env = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
-        command = [sys.executable, "-m", __name__, str(archive.path), ",".join(jars)]
+        # Nor the user's settings: the builder runs the transforms with the defaults, from the cache
+        # folder, where a relative MEDALLION_CONFIG would not resolve.
+        env = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED and not k.startswith("MEDALLION_")}
+        command = [sys.executable, "-m", __name__, str(archive.path), ",".join(jars), class_path]
         with archive.beside(".log").open("wb") as log:
             return subprocess.Popen(
                 command,
@@ -174,7 +176,14 @@ def start_builder(archive: Archive, jars: list[str]) -> subprocess.Popen[bytes] 
 
 def _evict(folder: Path, keep: int = KEEP) -> None:
     """Archives past the newest used ``keep``, with their builders' files."""
-    archives = sorted(folder.glob("*.jsa"), key=lambda p: p.stat().st_mtime, reverse=True)
+
+    def used(archive: Path) -> float:
+        try:
+            return archive.stat().st_mtime
+        except OSError:  # removed meanwhile (a session that could not start with it)
+            return 0.0
+
+    archives = sorted(folder.glob("*.jsa"), key=used, reverse=True)
     for old in archives[keep:]:
         for left in (old, old.with_suffix(".log"), old.with_suffix(".failed")):
             left.unlink(missing_ok=True)
@@ -215,6 +224,7 @@ def _work(spark: SparkSession) -> None:
     gold = silver.transform(fan_out(layers.fanout_rules(settings))).transform(partials(settings.gold.window))
     with tempfile.TemporaryDirectory(prefix="medallion-classes-") as folder:
         gold.write.parquet(f"{folder}/gold")
+        # A row per team of four events: read back to load the read path's classes.
         spark.read.parquet(f"{folder}/gold").groupBy("team_id").count().collect()
 
 
@@ -230,7 +240,7 @@ def _lowest_priority() -> None:
     os.nice(19)
 
 
-def _dump_with(dump: Path, jars: list[str]) -> int:
+def _dump_with(dump: Path, jars: list[str], class_path: str) -> int:
     """Runs a session whose JVM dumps its classes into ``dump`` at exit; the JVM's exit code."""
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
@@ -242,22 +252,26 @@ def _dump_with(dump: Path, jars: list[str]) -> int:
     builder = builder.config("spark.driver.extraJavaOptions", java_options)
     if jars:
         builder = builder.config("spark.jars", ",".join(jars))
+    if class_path:  # Java maps an archive only for the class path it was written with
+        builder = builder.config("spark.driver.extraClassPath", class_path)
     spark = builder.getOrCreate()
     proc = SparkContext._gateway.proc  # type: ignore[union-attr]
     try:
         _work(spark)
     finally:
-        spark.stop()
-        proc.stdin.close()  # the gateway exits at EOF on its stdin; Java then writes the archive
         try:
-            proc.wait(timeout=DUMP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            spark.stop()
+        finally:
+            proc.stdin.close()  # the gateway exits at EOF on its stdin; Java then writes the archive
+            try:
+                proc.wait(timeout=DUMP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
     return int(proc.returncode)
 
 
-def build(path: Path, jars: list[str]) -> int:
+def build(path: Path, jars: list[str], class_path: str = "") -> int:
     """Writes the archive at ``path`` (the builder process's body); 0 when it was written or is
     another builder's to write. A failure is marked ``<key>.failed`` for a day."""
     archive = Archive(path)
@@ -266,10 +280,11 @@ def build(path: Path, jars: list[str]) -> int:
         return 0
     dump = archive.dump()
     try:
-        for left in archive.path.parent.glob("*.tmp"):  # only the lock's holder dumps: a dead one's
+        # Only the lock's holder dumps this key's archive: any other dump of it is a dead builder's.
+        for left in archive.path.parent.glob(f"{archive.path.stem}.*.tmp"):
             left.unlink(missing_ok=True)
         _lowest_priority()
-        code = _dump_with(dump, jars)
+        code = _dump_with(dump, jars, class_path)
         if code != 0 or not dump.is_file() or dump.stat().st_size == 0:
             archive.beside(".failed").write_text(f"the JVM exited {code} without an archive\n")
             return 1
@@ -277,15 +292,15 @@ def build(path: Path, jars: list[str]) -> int:
             os.fsync(written.fileno())
         os.replace(dump, archive.path)
         archive.beside(".failed").unlink(missing_ok=True)
-        _evict(archive.path.parent)
-        return 0
-    except BaseException as exc:
+    except Exception as exc:
         archive.beside(".failed").write_text(f"{type(exc).__name__}: {exc}\n")
         raise
     finally:
         dump.unlink(missing_ok=True)
         os.close(held)
+    _evict(archive.path.parent)
+    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(build(Path(sys.argv[1]), [j for j in sys.argv[2].split(",") if j]))
+    sys.exit(build(Path(sys.argv[1]), [j for j in sys.argv[2].split(",") if j], *sys.argv[3:4]))

@@ -155,24 +155,21 @@ def _start_jvm(
         + [os.environ.get(v, "") for v in ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")]
     )
     own = any(flag in theirs for flag in ("Xshare", "SharedArchiveFile", "ArchiveClassesAtExit"))
-    if (
-        not settings.spark.class_archive
-        or own
-        or SparkContext._gateway is not None
-        or _under_cluster_manager()
-        or not class_archive.usable_here()
-    ):
+    if not settings.spark.class_archive or own or SparkContext._gateway is not None or _under_cluster_manager():
         return start(confs)
     jars = [j for j in confs.get("spark.jars", "").split(",") if j]
-    try:
-        archive = class_archive.archive_for(java, jars, confs.get("spark.driver.extraClassPath", ""))
-        mapped = class_archive.options(archive)
-    except Exception:  # the archive is a speed-up: whatever stops it, the session starts without
-        archive, mapped = None, None
+    class_path = confs.get("spark.driver.extraClassPath", "")
+    archive, mapped = None, None
+    try:  # the archive is a speed-up: whatever stops it (no home folder, say), the session starts without
+        if class_archive.usable_here():
+            archive = class_archive.archive_for(java, jars, class_path)
+            mapped = class_archive.options(archive)
+    except Exception:
+        archive = None
     if archive is None or mapped is None:
         spark = start(confs)
         if archive is not None:
-            class_archive.start_builder(archive, jars)
+            class_archive.start_builder(archive, jars, class_path)
         return spark
     try:
         return start({**confs, "spark.driver.extraJavaOptions": f"{options} {mapped}".strip()})

@@ -64,7 +64,7 @@ def test_a_session_maps_the_archive_once_it_exists_and_otherwise_starts_its_buil
     settings = load_settings(lake_root=str(no_jvm_yet.parent))
     default = spark_confs(settings)["spark.driver.extraJavaOptions"]
     archive = class_archive.archive_for(check_java(), [], folder=no_jvm_yet)
-    assert _started_with(settings, monkeypatch) == ([default], [(archive, [])])  # Java's default
+    assert _started_with(settings, monkeypatch) == ([default], [(archive, [], "")])  # Java's default
 
     no_jvm_yet.mkdir(parents=True)
     archive.path.write_bytes(b"an archive")
