@@ -71,7 +71,7 @@ def object_values(df: DataFrame) -> DataFrame:
 
 
 def fixture_page_changes(spark: SparkSession) -> DataFrame:
-    return landing_rows(spark, file_digests(spark, PAGE_CHANGE_FILES), NOW)
+    return landing_rows(spark, file_digests(PAGE_CHANGE_FILES), NOW)
 
 
 PROM_HEADERS = {

@@ -41,7 +41,7 @@ class DedupFigure:
 
 def page_changes_from_files(spark: SparkSession, paths: list[Path], max_bytes: int) -> tuple[DataFrame, int]:
     """Page changes parsed from files exactly as bronze would land them, and the count rejected."""
-    landing = landing_rows(spark, file_digests(spark, paths), datetime.now(UTC))
+    landing = landing_rows(spark, file_digests(paths), datetime.now(UTC))
     parsed = landing.transform(parse_page_changes(max_bytes))
     good = valid(parsed, BRONZE_PAGE_CHANGES_COLUMNS)
     return good, parsed.count() - good.count()

@@ -152,7 +152,7 @@ def _files_to_land(
     a file landed before, or twice in this call, is counted as skipped."""
     target = KINDS[kind].target
     files: list[tuple[LandingFile, AppTxn]] = []
-    for f in file_digests(ctx.spark, readable):
+    for f in file_digests(readable):
         txn = AppTxn(f"medallion/ingest-file/{kind}/{f.digest}", 0, once=True)
         seen = any(b.digest == f.digest for b, _ in files)
         if seen or ctx.store.txn_version(target, txn.app_id) is not None:

@@ -46,6 +46,10 @@ CASES: dict[str, tuple[bytes, list[bytes]]] = {
     "objects on lines [1].jsonl": (b'{"a": 1}\n{"b": 2}\n', [b'{"a": 1}', b'{"b": 2}']),
     "empty.jsonl": (b"\n \n", []),
     "zero bytes.jsonl": (b"", []),  # Spark's binaryFile source lists no such file
+    # Names Spark keeps as they are in its file paths (no percent-encoding): each file keeps its own rows.
+    "a%20b.jsonl": (b'{"n": "percent"}\n', [b'{"n": "percent"}']),
+    "a b.jsonl": (b'{"n": "space"}\n', [b'{"n": "space"}']),
+    "a+b #1 \xe9t\xe9.jsonl": (b'{"n": "plus"}\n', [b'{"n": "plus"}']),
 }
 
 
@@ -59,7 +63,7 @@ def files(tmp_path: Path) -> dict[str, Path]:
 
 
 def test_spark_splits_each_kind_of_file_into_its_records(spark: SparkSession, files: dict[str, Path]) -> None:
-    landing = file_digests(spark, list(files.values()))
+    landing = file_digests(list(files.values()))
     rows = landing_rows(spark, landing, NOW).collect()
 
     got: dict[str, list[tuple[int, bytes]]] = {str(p): [] for p in files.values()}
@@ -75,16 +79,16 @@ def test_spark_splits_each_kind_of_file_into_its_records(spark: SparkSession, fi
             assert batch_ids[str(f.path)] == f"file:{f.digest[:16]}"
 
 
-def test_digests_are_the_sha256_of_each_file_in_the_order_given(spark: SparkSession, files: dict[str, Path]) -> None:
+def test_digests_are_the_sha256_of_each_file_in_the_order_given(files: dict[str, Path]) -> None:
     paths = list(files.values())[::-1]
-    landing = file_digests(spark, [*paths, paths[0]])  # a path given twice is read once
+    landing = file_digests([*paths, paths[0]])  # a path given twice is read once
     assert [f.path for f in landing] == [p.absolute() for p in paths]
     assert [f.digest for f in landing] == [hashlib.sha256(p.read_bytes()).hexdigest() for p in paths]
 
 
-def test_a_missing_file_is_an_input_error(spark: SparkSession, tmp_path: Path) -> None:
+def test_a_missing_file_is_an_input_error(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="no such file"):
-        file_digests(spark, [tmp_path / "nope.jsonl"])
+        file_digests([tmp_path / "nope.jsonl"])
 
 
 @pytest.fixture

@@ -95,10 +95,10 @@ def land_events(ctx: Context, rows: DataFrame, write: Write) -> None:
 
 def land_event_files(ctx: Context, files: DataFrame, write: Write) -> None:
     """The files the stage landed, read and split into records as the stage reads them, then
-    landed. ``files`` is a row per file (its path, Spark's URI and its digest), found before the
+    landed. ``files`` is a row per file (its path and its digest), found before the
     timing: which files to land is the stage's bookkeeping, reading them is its work."""
-    # A row per file (path, URI, digest): the list of files, not their rows.
-    listed = [LandingFile(Path(r["path"]), r["uri"], r["digest"]) for r in files.collect()]
+    # A row per file (path, digest): the list of files, not their rows.
+    listed = [LandingFile(Path(r["path"]), r["digest"]) for r in files.collect()]
     land_events(ctx, landing_rows(ctx.spark, listed, datetime.now(UTC)), write)
 
 
@@ -106,9 +106,9 @@ def files_source(paths: Sequence[Path]) -> Source:
     """The files a stage lands, as a row per file; the peer reads their content itself."""
 
     def read(ctx: Context) -> DataFrame:
-        found = file_digests(ctx.spark, list(paths))
-        rows = [(str(f.path), f.uri, f.digest) for f in found]
-        return ctx.spark.createDataFrame(rows, "path string, uri string, digest string")
+        found = file_digests(list(paths))
+        rows = [(str(f.path), f.digest) for f in found]
+        return ctx.spark.createDataFrame(rows, "path string, digest string")
 
     return read
 
