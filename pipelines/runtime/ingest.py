@@ -23,6 +23,7 @@ from bronze.event_values import ParsedValues, parse_event_values
 from bronze.events import BRONZE_EVENTS_COLUMNS, duplicate_keys, parse_events
 from bronze.landing import LANDING_COLUMNS, REASON, quarantined, valid
 from bronze.page_changes import BRONZE_PAGE_CHANGES_COLUMNS, parse_page_changes
+from pipelines.config.spark import observed_as_read
 from pipelines.errors import InputError
 from pipelines.flows import flow_names
 from pipelines.runtime import quality
@@ -67,12 +68,30 @@ KINDS = {
 class Landed:
     """Landing rows parsed once: rows for the bronze table and rows for the quarantine.
 
-    Both derive from one cached parse; :meth:`release` drops the cache once they are written.
+    Both derive from one cached parse. The pass that fills the cache counts the rows parsed and
+    the documents that repeat a key as it reads them (``DataFrame.observe``): :meth:`count` them
+    once a first action has read the rows, then :meth:`release` the cache.
     """
 
     good: DataFrame
     bad: DataFrame
     cached: DataFrame
+    figures: Callable[[], dict[str, Any]]
+    #: Whether a pass has read the rows (the gate's): the figures are then known.
+    read: bool = False
+    #: Good rows the gate's ``drop`` checks moved to ``bad`` (at most: a row failing two counts twice).
+    dropped: int = 0
+
+    def none_bad(self) -> bool:
+        """Whether the batch is known to hold no row for the quarantine, with no pass of its own."""
+        return self.read and not self.dropped and not self.figures()["bad"]
+
+    def count(self, record: RunRecord) -> int:
+        """The rows parsed (good and bad); the repeated keys go into ``record``."""
+        figures = self.figures()
+        if "duplicate_keys" in figures:
+            record.incr(duplicate_keys=int(figures["duplicate_keys"]))
+        return int(figures["rows"])
 
     def release(self) -> None:
         self.cached.unpersist()
@@ -90,16 +109,19 @@ def parse_landing(
     spec = KINDS[kind]
     target = spec.target
     rows = ctx.spark.createDataFrame(landing) if isinstance(landing, pa.Table) else landing
-    parsed = rows.transform(spec.parse(ctx.settings.kafka.max_message_bytes)).persist()
-    good, bad = valid(parsed, spec.columns), quarantined(parsed, kind)
+    parsed = rows.transform(spec.parse(ctx.settings.kafka.max_message_bytes))
+    counted = {"rows": F.count(F.lit(1)), "bad": F.count_if(F.col(REASON).isNotNull())}
     if spec.repeats_keys is not None:
-        record.incr(duplicate_keys=parsed.where(F.col(REASON).isNull() & spec.repeats_keys(parsed)).count())
+        counted["duplicate_keys"] = F.count_if(F.col(REASON).isNull() & spec.repeats_keys(parsed))
+    observed, figures = observed_as_read(parsed, **counted)
+    parsed = observed.persist()
+    landed = Landed(valid(parsed, spec.columns), quarantined(parsed, kind), parsed, figures)
     if gate and quality.enabled(ctx):
-        checked = quality.run_suite(ctx, record, quality.suite_for(ctx, target.key).for_batches(), good)
-        good = checked.kept
+        checked = quality.run_suite(ctx, record, quality.suite_for(ctx, target.key).for_batches(), landed.good)
+        landed.good, landed.read, landed.dropped = checked.kept, True, checked.dropped_rows
         if checked.dropped is not None:
-            bad = bad.unionByName(quality.to_quarantine(checked.dropped, kind))
-    return Landed(good, bad, parsed)
+            landed.bad = landed.bad.unionByName(quality.to_quarantine(checked.dropped, kind))
+    return landed
 
 
 def land_messages(
@@ -130,6 +152,7 @@ def land_messages(
         # Bounded by --max-batch: the rows of one flush, which commit with their offsets.
         good.append(conform(landed.good.toArrow(), schema))
         bad.append(conform(landed.bad.toArrow(), BRONZE_QUARANTINE.arrow_schema))
+        landed.count(record)
         landed.release()
     rows = pa.concat_tables(good) if good else schema.empty_table()
     kept, dropped = quality.gate_arrow(ctx, record, target.key, rows, kind)
@@ -163,13 +186,16 @@ def _files_to_land(
 
 
 def _commit_files(
-    ctx: Context, target: TableSpec, files: Sequence[tuple[LandingFile, AppTxn]], landed: Landed
+    ctx: Context, record: RunRecord, target: TableSpec, files: Sequence[tuple[LandingFile, AppTxn]], landed: Landed
 ) -> tuple[int, int]:
     """The landed rows of ``files`` committed with their files' transactions; (good, quarantined)."""
-    # Quarantined rows per file (one small row per file): files with none get no
-    # quarantine commit. The good rows are only counted.
-    bad_by_file = _rows_by_file(landed.bad)
-    n_good, n_bad = landed.good.count(), sum(bad_by_file.values())
+    # Quarantined rows per file (one small row per file): files with none get no quarantine
+    # commit. A batch the gate's pass showed to hold none needs no query for it.
+    bad_by_file = {} if landed.none_bad() else _rows_by_file(landed.bad)
+    n_bad = sum(bad_by_file.values())
+    # Every parsed row is good or quarantined (a dropped row is one, not the other): the pass
+    # that filled the cache counted them, so the good rows need no count of their own.
+    n_good = landed.count(record) - n_bad
     # As many files per commit as the engine records app transactions in one. Quarantine
     # rows go first, under their own files' transactions, so a redo after a crash between
     # the two commits finds them recorded and does not quarantine them twice.
@@ -210,7 +236,7 @@ def ingest_files(ctx: Context, kind: str, paths: Sequence[Path]) -> RunRecord:
         landing = landing_rows(ctx.spark, [f for f, _ in files], now)
         landed = parse_landing(ctx, record, kind, landing)
         try:
-            n_good, n_bad = _commit_files(ctx, target, files, landed)
+            n_good, n_bad = _commit_files(ctx, record, target, files, landed)
         finally:
             landed.release()
         record.rows_in = n_good + n_bad

@@ -23,7 +23,7 @@ from pipelines.runtime.runner import Context
 from pipelines.runtime.tables import BRONZE_EVENTS, BRONZE_QUARANTINE
 from pipelines.sources.files import compression_of, file_digests, landing_rows
 from pipelines.storage import open_store
-from tests.pipelines.test_jobs import write_events
+from tests.pipelines.test_jobs import uuid, write_events
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -106,6 +106,25 @@ def test_an_empty_file_lands_as_a_file_of_no_records_beside_the_others(ctx: Cont
     again = ingest.ingest_files(ctx, "events", [empty, good])  # both recorded: nothing to do
     assert (again.status, again.metrics["files_skipped"]) == ("noop", 2)
     assert ctx.store.read(BRONZE_EVENTS).count() == 3
+
+
+def test_a_file_s_rows_quarantine_and_repeated_keys_are_counted(ctx: Context, tmp_path: Path) -> None:
+    # Written by hand: two events that repeat a key (at the top, inside properties) land, as
+    # PostHog lands them, and are counted; a line that is not JSON is quarantined.
+    base = '"event": "e", "team_id": 1, "distinct_id": "d", "timestamp": "2024-06-01T00:00:00Z"'
+    lines = [
+        f'{{"uuid": "{uuid(1, 1)}", {base}, "event": "again", "properties": {{"a": 1}}}}',
+        f'{{"uuid": "{uuid(1, 2)}", {base}, "properties": {{"a": 1, "b": 2, "a": 3}}}}',
+        f'{{"uuid": "{uuid(1, 3)}", {base}, "properties": {{"a": 1}}}}',
+        "not json",
+    ]
+    path = tmp_path / "events.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    record = ingest.ingest_files(ctx, "events", [path])
+    figures = (record.rows_in, record.rows_out, record.metrics["quarantined"], record.metrics["duplicate_keys"])
+    assert figures == (4, 3, 1, 2)
+    assert ctx.store.read(BRONZE_EVENTS).count() == 3
+    assert ctx.store.read(BRONZE_QUARANTINE).count() == 1
 
 
 def zipped(data: bytes) -> bytes:
