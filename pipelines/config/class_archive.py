@@ -21,7 +21,6 @@ it, as Java does by default.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import subprocess
@@ -127,6 +126,8 @@ def options(archive: Archive) -> str | None:
 def _lock(archive: Archive) -> int | None:
     """The builder's lock on ``archive``, held until the descriptor closes or the process dies;
     None while another process holds it. The file stays: only the kernel's lock on it counts."""
+    import fcntl  # POSIX only, as the archive is (usable_here): the module imports everywhere
+
     fd = os.open(archive.beside(".lock"), os.O_CREAT | os.O_WRONLY, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

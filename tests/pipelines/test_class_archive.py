@@ -90,6 +90,14 @@ def test_no_archive_when_turned_off_or_the_user_sets_class_sharing(
     assert _started_with(settings, monkeypatch) == ([spark_confs(settings)["spark.driver.extraJavaOptions"]], [])
 
 
+def test_the_module_imports_where_there_is_no_fcntl() -> None:
+    # Windows has no fcntl: the module every session start imports must import there (the
+    # archive is POSIX only, usable_here). A fresh interpreter, so no module is imported before.
+    code = "import sys; sys.modules['fcntl'] = None; from pipelines.config import class_archive, spark; print('ok')"
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (found.returncode, found.stdout.strip()) == (0, "ok"), found.stderr
+
+
 def test_one_builder_at_a_time_and_none_again_soon_after_a_failure(tmp_path: Path) -> None:
     archive = class_archive.archive_for(check_java(), [], folder=tmp_path)
     held = class_archive._lock(archive)  # a builder at work
