@@ -103,6 +103,9 @@ def test_every_stage_has_a_figure_or_says_why_not(bench: tuple[Path, dict[str, A
         "peer: Prometheus (remote write)",
         "samples -> metric windows (tumbling 1m)",
         "samples -> metric windows (sliding 1m, 6 panes)",
+        "cold: files -> bronze (events)",
+        "cold: run all --once --drain",
+        "cold chain (events)",
     }
     assert expected <= stages.keys()
     for name, s in stages.items():
@@ -132,6 +135,24 @@ def test_every_stage_has_a_figure_or_says_why_not(bench: tuple[Path, dict[str, A
             "VictoriaMetrics": "peer: VictoriaMetrics (remote write)",
             "Prometheus": "peer: Prometheus (remote write)",
         }
+
+
+def test_the_cold_chain_is_two_fresh_processes_read_against_the_warm_chain(
+    bench: tuple[Path, dict[str, Any], str],
+) -> None:
+    _, result, _ = bench
+    stages = {s["stage"]: s for s in result["stages"]}
+    ingest, run, chain = (
+        stages[name]
+        for name in ("cold: files -> bronze (events)", "cold: run all --once --drain", "cold chain (events)")
+    )
+    assert chain["units"] == ingest["units"] == run["units"] == [SIZES["XS"].events]
+    assert chain["seconds"] == [
+        pytest.approx(a + b, abs=0.002) for a, b in zip(ingest["seconds"], run["seconds"], strict=True)
+    ]
+    assert {p["label"]: p["stage"] for p in chain["peers"]} == {"warm": "end to end (events)"}
+    assert {p["label"]: p["stage"] for p in ingest["peers"]} == {"warm": "files -> bronze (events)"}
+    assert all(p["ratio"] > 0 for p in chain["peers"] + ingest["peers"])
 
 
 def test_the_remote_write_peers_ran_and_say_what_their_2xx_promises(bench: tuple[Path, dict[str, Any], str]) -> None:

@@ -125,6 +125,11 @@ def process_name(pid: int) -> str:
         return str(pid)
 
 
+def jvm_mb(pid: int) -> float:
+    """The resident memory (MB) of ``pid``'s JVM (its children named ``java``: Spark's driver)."""
+    return sum(rss_mb(c) for c in children(pid) if process_name(c) == "java")
+
+
 class MemorySampler:
     """Peak RSS (MB) per process: ``driver`` (this one), ``jvm`` and named extra processes."""
 

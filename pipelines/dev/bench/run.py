@@ -20,6 +20,7 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from pipelines.dev.bench import plain
+from pipelines.dev.bench.cold import cold_chain
 from pipelines.dev.bench.freshness import run_freshness
 from pipelines.dev.bench.ingest import ingest_stages
 from pipelines.dev.bench.measure import Bench, Figure, as_dicts, timed, warm_up_first
@@ -292,7 +293,7 @@ def buffer_growth(b: Bench, w: Workload) -> list[dict[str, Any]]:
 
 # -- entry point ----------------------------------------------------------------------------------
 #: Scaling figures leave these out: peers, and stages that do not run at every size.
-NOT_SCALED = ("peer", plain.PREFIX, GATES_OFF, "remote", "Kafka", "end", "samples")
+NOT_SCALED = ("peer", plain.PREFIX, GATES_OFF, "remote", "Kafka", "end", "samples", "cold")
 
 
 def run_bench(
@@ -335,6 +336,8 @@ def run_bench(
         spark_dedup_peer(b, ctx)
         plain.measure(b, ctx, CHAIN_STAGES, files={"files -> bronze (events)": w.chain_files()})
         plain.sum_of(b, END_TO_END, EVENT_PATH)
+        say(f"cold chain: {repeats} run(s) of ingest file, then run all --once --drain, each a fresh process")
+        cold_chain(b, w)
         ingest_stages(b, w)
         say("metric panes: tumbling vs sliding")
         metric_panes_stage(b, w)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.dev.bench.kafka_group import PARTITIONS, IngestGroup
-from pipelines.dev.bench.measure import children, process_name, rss_mb
+from pipelines.dev.bench.measure import jvm_mb, rss_mb
 from pipelines.dev.bench.workloads import KAFKA_MESSAGE_KINDS, kafka_messages
 
 SAMPLE_SECONDS = 5.0
@@ -73,7 +73,7 @@ def run_soak(out: Path, minutes: float, say: Callable[[str], None] = print) -> d
         try:
             while (elapsed := time.monotonic() - t0) < minutes * 60:
                 landed = group.landed()
-                jvm = sum(rss_mb(c) for c in children(ingest.pid) if process_name(c) == "java")
+                jvm = jvm_mb(ingest.pid)
                 samples.append(
                     {
                         "seconds": round(elapsed, 1),

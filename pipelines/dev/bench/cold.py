@@ -1,0 +1,75 @@
+"""The event path as a scheduled job runs it: ``medallion ingest file``, then ``medallion run all
+--once --drain``, each a fresh process on a fresh lake (its own session, JVM and ClickHouse), timed
+from its start to its exit, beside the warm figures of the same stages.
+
+No warm-up run: every run is cold by design. The JVM's class archive (``spark.class_archive``) is
+what a user's second run finds: the bench's own session started its builder long before.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+
+from pipelines.dev.bench.measure import Bench, jvm_mb, rss_mb
+from pipelines.dev.bench.workloads import Workload
+
+COLD_INGEST = "cold: files -> bronze (events)"
+COLD_RUN = "cold: run all --once --drain"
+COLD_CHAIN = "cold chain (events)"
+#: The warm figure each cold one is read against (``0.60x of warm``).
+WARM = {COLD_INGEST: "files -> bronze (events)", COLD_CHAIN: "end to end (events)"}
+
+
+def run_process(argv: Sequence[str], env: dict[str, str]) -> tuple[float, dict[str, float]]:
+    """Run ``argv`` to its end: its wall seconds and the peak resident memory (MB) of it
+    (``driver``) and of its JVM (``jvm``), sampled every 50 ms. Raises with the end of its output
+    when it fails."""
+    peak = {"driver": 0.0, "jvm": 0.0}
+    with tempfile.TemporaryFile("w+") as output:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(argv, env=env, stdout=output, stderr=subprocess.STDOUT, text=True)
+        while proc.poll() is None:
+            peak["driver"] = max(peak["driver"], rss_mb(proc.pid))
+            peak["jvm"] = max(peak["jvm"], jvm_mb(proc.pid))
+            time.sleep(0.05)
+        seconds = time.perf_counter() - t0
+        if proc.returncode:
+            output.seek(0)
+            raise RuntimeError(f"{' '.join(argv[3:])} exited {proc.returncode}: {output.read()[-2000:]}")
+    return seconds, {name: round(mb, 1) for name, mb in peak.items()}
+
+
+def cold_chain(b: Bench, w: Workload) -> None:
+    """``repeats`` cold runs of the event path over the chain's files: the ingest, the pass of
+    every flow, and their sum (the cold chain), each against its warm figure."""
+    files = [str(p) for p in w.chain_files()]
+    cli = [sys.executable, "-m", "pipelines"]
+    ingest, run, chain = (b.figure(name, "events") for name in (COLD_INGEST, COLD_RUN, COLD_CHAIN))
+    for attempt in range(b.repeats):
+        work = b.out / "work" / f"cold-{attempt}"
+        shutil.rmtree(work, ignore_errors=True)
+        env = {
+            **os.environ,
+            "MEDALLION_LAKE_ROOT": str(work / "lake"),
+            # chdb holds one data path per process: the bench's own is not the job's
+            "MEDALLION_CLICKHOUSE__DSN": f"chdb://{work / 'clickhouse'}",
+            "MEDALLION_CLICKHOUSE__DATABASE": "cold",
+        }
+        took_in, rss_in = run_process([*cli, "ingest", "file", "--kind", "events", *files], env)
+        took_run, rss_run = run_process([*cli, "run", "all", "--once", "--drain"], env)
+        ingest.record(took_in, w.n_events, rss_in)
+        run.record(took_run, w.n_events, rss_run)
+        both = {k: max(rss_in[k], rss_run[k]) for k in rss_in}
+        chain.record(took_in + took_run, w.n_events, both)
+        shutil.rmtree(work, ignore_errors=True)
+    run.note = "every flow of run all, on the lake the cold ingest left; events through the event path"
+    chain.note = "the two processes one after the other: what a scheduled job pays, start-up included"
+    for name, warm in WARM.items():
+        if warm in b.figures:
+            b.figures[name].peers["warm"] = warm
