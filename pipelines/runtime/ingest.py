@@ -8,6 +8,7 @@ them with their offsets or file digests, as :mod:`pipelines.runtime.incremental`
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -76,19 +77,24 @@ class Landed:
     good: DataFrame
     bad: DataFrame
     cached: DataFrame
-    figures: Callable[[], dict[str, Any]]
+    observed: Callable[[], dict[str, Any]]
     #: Whether a pass has read the rows (the gate's): the figures are then known.
     read: bool = False
     #: Good rows the gate's ``drop`` checks moved to ``bad`` (at most: a row failing two counts twice).
     dropped: int = 0
 
+    @functools.cached_property
+    def figures(self) -> dict[str, Any]:
+        """The observed figures, taken once (where no pass gave them, one query counts them)."""
+        return self.observed()
+
     def none_bad(self) -> bool:
         """Whether the batch is known to hold no row for the quarantine, with no pass of its own."""
-        return self.read and not self.dropped and not self.figures()["bad"]
+        return self.read and not self.dropped and not self.figures["bad"]
 
     def count(self, record: RunRecord) -> int:
         """The rows parsed (good and bad); the repeated keys go into ``record``."""
-        figures = self.figures()
+        figures = self.figures
         if "duplicate_keys" in figures:
             record.incr(duplicate_keys=int(figures["duplicate_keys"]))
         return int(figures["rows"])
@@ -117,7 +123,11 @@ def parse_landing(
     parsed = observed.persist()
     landed = Landed(valid(parsed, spec.columns), quarantined(parsed, kind), parsed, figures)
     if gate and quality.enabled(ctx):
-        checked = quality.run_suite(ctx, record, quality.suite_for(ctx, target.key).for_batches(), landed.good)
+        try:
+            checked = quality.run_suite(ctx, record, quality.suite_for(ctx, target.key).for_batches(), landed.good)
+        except BaseException:
+            landed.release()  # a failing gate: nothing is written, and the cache is not the caller's
+            raise
         landed.good, landed.read, landed.dropped = checked.kept, True, checked.dropped_rows
         if checked.dropped is not None:
             landed.bad = landed.bad.unionByName(quality.to_quarantine(checked.dropped, kind))
@@ -149,11 +159,13 @@ def land_messages(
         record.add(parsed_in_process=len(parsed.accepted), parsed_by_spark=len(parsed.deferred))
     if rest.num_rows:
         landed = parse_landing(ctx, record, kind, rest, gate=False)
-        # Bounded by --max-batch: the rows of one flush, which commit with their offsets.
-        good.append(conform(landed.good.toArrow(), schema))
-        bad.append(conform(landed.bad.toArrow(), BRONZE_QUARANTINE.arrow_schema))
-        landed.count(record)
-        landed.release()
+        try:
+            # Bounded by --max-batch: the rows of one flush, which commit with their offsets.
+            good.append(conform(landed.good.toArrow(), schema))
+            bad.append(conform(landed.bad.toArrow(), BRONZE_QUARANTINE.arrow_schema))
+            landed.count(record)
+        finally:
+            landed.release()
     rows = pa.concat_tables(good) if good else schema.empty_table()
     kept, dropped = quality.gate_arrow(ctx, record, target.key, rows, kind)
     return kept, pa.concat_tables([*bad, dropped])
@@ -232,7 +244,7 @@ def ingest_files(ctx: Context, kind: str, paths: Sequence[Path]) -> RunRecord:
         if not files:
             record.noop("every file was landed before" if readable else "no file could be read")
             return
-        # Spark reads the files and splits them into records: no file passes through the driver.
+        # Spark reads the files and splits them into records: no row passes through the driver.
         landing = landing_rows(ctx.spark, [f for f, _ in files], now)
         landed = parse_landing(ctx, record, kind, landing)
         try:

@@ -77,7 +77,9 @@ def compression_of(path: Path) -> str | None:
 
 
 def _read(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
-    return spark.read.format("binaryFile").load([_GLOB.sub(r"\\\1", p) for p in paths])
+    # file: and the path as it is (Hadoop takes it unencoded): the local files the driver hashed,
+    # whatever the session's default file system is.
+    return spark.read.format("binaryFile").load(["file://" + _GLOB.sub(r"\\\1", p) for p in paths])
 
 
 #: Spark names a local file ``file:<absolute path>`` (``file:///<path>`` on some file systems),
@@ -138,8 +140,13 @@ def landing_rows(spark: SparkSession, files: Sequence[LandingFile], now: datetim
     """The landing rows (bronze input) of ``files``: one row per record with its file and position."""
     names = spark.createDataFrame([(str(f.path), f.batch_id) for f in files], "source_file string, batch_id string")
     read = _read(spark, [str(f.path) for f in files])
-    local = read.select(F.regexp_replace("path", _FILE_SCHEME, "").alias("source_file"), "content")
-    content = local.join(F.broadcast(names), "source_file")
+    local = read.select(F.regexp_replace("path", _FILE_SCHEME, "").alias("source_file"), "path", "content")
+    # A file Spark names otherwise than expected fails the read: its rows must not go unlanded
+    # while its digest is recorded as landed.
+    unmatched = F.concat(F.lit("Spark read a file as "), F.col("path"), F.lit(", which names no file to land"))
+    content = local.join(F.broadcast(names), "source_file", "left").where(
+        F.when(F.col("batch_id").isNull(), F.raise_error(unmatched)).isNull()
+    )
     rows = content.select(
         "source_file",
         "batch_id",

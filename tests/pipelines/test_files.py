@@ -21,6 +21,7 @@ from pipelines.errors import InputError
 from pipelines.runtime import ingest
 from pipelines.runtime.runner import Context
 from pipelines.runtime.tables import BRONZE_EVENTS, BRONZE_QUARANTINE
+from pipelines.sources import files as files_module
 from pipelines.sources.files import compression_of, file_digests, landing_rows
 from pipelines.storage import open_store
 from tests.pipelines.test_jobs import uuid, write_events
@@ -77,6 +78,17 @@ def test_spark_splits_each_kind_of_file_into_its_records(spark: SparkSession, fi
     for f in landing:
         if str(f.path) in batch_ids:
             assert batch_ids[str(f.path)] == f"file:{f.digest[:16]}"
+
+
+def test_a_file_spark_names_otherwise_fails_the_read_rather_than_losing_its_rows(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b'{"a": 1}\n')
+    monkeypatch.setattr(files_module, "_FILE_SCHEME", "^$")  # as if Spark named it another way
+    rows = landing_rows(spark, file_digests([path]), NOW)
+    with pytest.raises(Exception, match=f"Spark read a file as file:{path}, which names no file to land"):
+        rows.collect()
 
 
 def test_digests_are_the_sha256_of_each_file_in_the_order_given(files: dict[str, Path]) -> None:
