@@ -119,6 +119,13 @@ def gated_append(
     return gated.write(lambda rows: write(ctx, flow, rows, txn, buckets))
 
 
+def _adds_no_rows(store: TableStore, inc: Increment) -> bool:
+    """Whether the log's statistics show that ``inc``'s commits added no row, with no Spark job
+    (False where they do not say)."""
+    added = store.inserted_stats(inc.source, inc.start, inc.end)
+    return added is not None and not added.rows
+
+
 def run_incremental(ctx: Context, flow: Flow, options: RunOptions, handoff: Handoff | None = None) -> RunRecord:
     """One run of ``flow``: its source's new commits through its transform into its target. ``handoff``:
     what the flow before it in the pass kept for it, shared by the pass (:class:`Handoff`)."""
@@ -317,9 +324,12 @@ def run_stateful(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
         figures = FlowRecord(record, ctx.say, lambda table, df: gate_rows(ctx, record, table, df, txn, {}))
         try:
             state = figures.cache(ctx.store.read(state_table, where=rules.where))
-            done = rules.done(state)
+            # A state no run has committed holds nothing: no query of it (a first pass, cold).
+            done = rules.done(state) if run > 1 else None
             inc = after(ctx.store, source, done, app)
-            if inc is None and not (options.drain and rules.buffered(state).limit(1).count()):
+            if inc is not None and _adds_no_rows(ctx.store, inc):
+                inc = None  # commits of no rows (the source's creation): nothing new to read
+            if inc is None and not (options.drain and run > 1 and rules.buffered(state).limit(1).count()):
                 record.noop(f"no new rows in {source.key}" + (" and nothing buffered" if options.drain else ""))
                 return
             rows = inc.read(ctx.store) if inc else None

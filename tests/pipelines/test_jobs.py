@@ -14,12 +14,13 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from pipelines.config.settings import Settings
+from pipelines.demo.data import PAGE_CHANGE_FILES
 from pipelines.errors import InputError
 from pipelines.flows import silver as silver_jobs
 from pipelines.runtime import ingest, passes
 from pipelines.runtime.eventlog import PIPELINE_EVENTS
 from pipelines.runtime.runner import Context
-from pipelines.runtime.tables import BRONZE_EVENTS, BRONZE_QUARANTINE, SILVER_EVENTS
+from pipelines.runtime.tables import BRONZE_EVENTS, BRONZE_PAGE_CHANGES, BRONZE_QUARANTINE, SILVER_EVENTS
 from pipelines.storage import TableSpec, TableStore, open_store
 
 
@@ -65,6 +66,25 @@ def test_jobs_read_only_commits_they_have_not_processed(ctx: Context, tmp_path: 
     again = passes.silver_events(ctx)
     assert (again.status, again.rows_out) == ("noop", 0)
     assert uuids(ctx.store, SILVER_EVENTS) == sorted([uuid(1, i) for i in range(10)] + [uuid(2, i) for i in range(5)])
+
+
+def test_a_state_flow_over_a_source_of_no_rows_yet_is_a_noop_without_a_spark_job(ctx: Context) -> None:
+    # A lake of events only: bronze/page_changes holds its creation commit and no row. A drained
+    # first pass (a scheduled `run all --once --drain`) has nothing to read and nothing buffered.
+    ctx.store.ensure(BRONZE_PAGE_CHANGES)
+    sc = ctx.spark.sparkContext
+    sc.setJobGroup("state-noop", "a state flow with nothing to do")
+    try:
+        record = passes.silver_page_changes(ctx, drain=True)
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    assert (record.status, record.rows_in, record.rows_out) == ("noop", 0, 0)
+    if ctx.settings.delta_engine == "delta-rs":  # delta-spark reads its own log with Spark jobs
+        assert sc.statusTracker().getJobIdsForGroup("state-noop") == []
+    # Once page changes land, the flow reads them: the empty commit before them is no reason to stop.
+    ingest.ingest_files(ctx, "page_changes", PAGE_CHANGE_FILES[:1])
+    record = passes.silver_page_changes(ctx, drain=True)
+    assert record.status == "ok" and record.rows_in > 0
 
 
 def test_a_file_is_landed_once_per_content(ctx: Context, tmp_path: Path) -> None:
