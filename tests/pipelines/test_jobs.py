@@ -68,19 +68,23 @@ def test_jobs_read_only_commits_they_have_not_processed(ctx: Context, tmp_path: 
     assert uuids(ctx.store, SILVER_EVENTS) == sorted([uuid(1, i) for i in range(10)] + [uuid(2, i) for i in range(5)])
 
 
-def test_a_state_flow_over_a_source_of_no_rows_yet_is_a_noop_without_a_spark_job(ctx: Context) -> None:
+def test_a_state_flow_over_a_source_of_no_rows_yet_reads_nothing(ctx: Context) -> None:
     # A lake of events only: bronze/page_changes holds its creation commit and no row. A drained
     # first pass (a scheduled `run all --once --drain`) has nothing to read and nothing buffered.
     ctx.store.ensure(BRONZE_PAGE_CHANGES)
-    sc = ctx.spark.sparkContext
-    sc.setJobGroup("state-noop", "a state flow with nothing to do")
+    classic = hasattr(type(ctx.spark), "sparkContext") and ctx.settings.delta_engine == "delta-rs"
+    if classic:  # a Connect session has no jobs to count; delta-spark reads its log with jobs of its own
+        ctx.spark.sparkContext.setJobGroup("state-noop", "a state flow with nothing to do")
     try:
         record = passes.silver_page_changes(ctx, drain=True)
     finally:
-        sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
-    assert (record.status, record.rows_in, record.rows_out) == ("noop", 0, 0)
-    if ctx.settings.delta_engine == "delta-rs":  # delta-spark reads its own log with Spark jobs
-        assert sc.statusTracker().getJobIdsForGroup("state-noop") == []
+        if classic:
+            ctx.spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+    assert (record.rows_in, record.rows_out) == (0, 0)
+    if ctx.store.streams_commit_files(BRONZE_PAGE_CHANGES):  # its log says so (not a table by name)
+        assert record.status == "noop"
+    if classic:
+        assert ctx.spark.sparkContext.statusTracker().getJobIdsForGroup("state-noop") == []
     # Once page changes land, the flow reads them: the empty commit before them is no reason to stop.
     ingest.ingest_files(ctx, "page_changes", PAGE_CHANGE_FILES[:1])
     record = passes.silver_page_changes(ctx, drain=True)
