@@ -324,12 +324,14 @@ def run_stateful(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
         figures = FlowRecord(record, ctx.say, lambda table, df: gate_rows(ctx, record, table, df, txn, {}))
         try:
             state = figures.cache(ctx.store.read(state_table, where=rules.where))
-            # A state no run has committed holds nothing: no query of it (a first pass, cold).
-            done = rules.done(state) if run > 1 else None
+            # A state table still at its creation commit holds nothing: no query of it (a first
+            # pass, cold). Its progress is otherwise read from its rows, whatever its log keeps.
+            fresh = ctx.store.version(state_table) == 0
+            done = None if fresh else rules.done(state)
             inc = after(ctx.store, source, done, app)
             if inc is not None and _adds_no_rows(ctx.store, inc):
                 inc = None  # commits of no rows (the source's creation): nothing new to read
-            if inc is None and not (options.drain and run > 1 and rules.buffered(state).limit(1).count()):
+            if inc is None and not (options.drain and not fresh and rules.buffered(state).limit(1).count()):
                 record.noop(f"no new rows in {source.key}" + (" and nothing buffered" if options.drain else ""))
                 return
             rows = inc.read(ctx.store) if inc else None
