@@ -326,7 +326,8 @@ def run_stateful(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
             state = figures.cache(ctx.store.read(state_table, where=rules.where))
             # A state table still at its creation commit holds nothing: no query of it (a first
             # pass, cold). Its progress is otherwise read from its rows, whatever its log keeps.
-            fresh = ctx.store.version(state_table) == 0
+            # Asked only where no run's transaction was found: a committed run is past version 0.
+            fresh = run == 1 and ctx.store.version(state_table) == 0
             done = None if fresh else rules.done(state)
             inc = after(ctx.store, source, done, app)
             if inc is not None and _adds_no_rows(ctx.store, inc):
