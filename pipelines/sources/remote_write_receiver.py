@@ -26,6 +26,7 @@ from pipelines import observability
 from pipelines.config.settings import RemoteWriteSettings
 from pipelines.sources import remote_write as codec
 from pipelines.sources.remote_write_rows import request_series, sample_count, samples_of
+from pipelines.sources.remote_write_series import SeriesIds
 from pipelines.sources.wal import WalFullError, WriteAheadLog
 from pipelines.storage import AppTxn, TableSpec, TableStore
 
@@ -117,6 +118,7 @@ class Receiver:
         self.healthy = True
         self.last_error: str | None = None
         self._flush_lock = threading.Lock()
+        self._series_ids = SeriesIds()  # the flusher's, under the lock
 
     # -- requests -------------------------------------------------------------------------------
     def preflight(self, query: Mapping[str, Any], headers: Any) -> Response | None:
@@ -218,7 +220,7 @@ class Receiver:
                         if not segments or batch is None:
                             break
                         t0 = time.perf_counter()
-                        table = samples_of(batch) if kind == SERIES else batch
+                        table = samples_of(batch, self._series_ids) if kind == SERIES else batch
                         self.store.append(spec, table, [AppTxn(app, segments[-1].seq)])
                         self.wal.remove(segments)
                         elapsed = time.perf_counter() - t0

@@ -3,6 +3,7 @@ per request, and the rows its flusher appends to bronze/samples."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 
 import numpy as np
@@ -46,9 +47,10 @@ def sample_count(series: pa.Table) -> int:
     return int(pc.sum(pc.list_value_length(series.column("timestamps_ms"))).as_py() or 0)
 
 
-def samples_of(series: pa.Table) -> pa.Table:
+def samples_of(series: pa.Table, ids: Callable[[pa.ListArray], pa.Int64Array] = series_ids) -> pa.Table:
     """Tagged series (:data:`WAL_SERIES_SCHEMA`, any number of requests) -> one row per sample in
-    the bronze/samples layout.
+    the bronze/samples layout; ``ids`` gives the series' ids (:func:`series_ids`, or a receiver's
+    :class:`~pipelines.sources.remote_write_series.SeriesIds`, which remembers them).
 
     Per-series columns (name, labels, id, tags) are computed once per series and repeated per
     sample with Arrow's ``take``; nothing is built per sample in Python.
@@ -65,7 +67,7 @@ def samples_of(series: pa.Table) -> pa.Table:
         {
             "metric_name": values.take(pa.array(position, mask=position < 0)),
             "labels": pa.MapArray.from_arrays(pc.subtract(labels.offsets, labels.offsets[0]), names, values),
-            "series_id": series_ids(labels),
+            "series_id": ids(labels),
             "ingest_time": series.column("ingest_time").combine_chunks(),
             "source": series.column("source").combine_chunks(),
             "batch_id": series.column("batch_id").combine_chunks(),

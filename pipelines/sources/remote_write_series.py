@@ -20,6 +20,7 @@ from pipelines.sources.remote_write import SERIES_SCHEMA, SNAPPY, ZSTD, Unsuppor
 
 __all__ = [
     "Series",
+    "SeriesIds",
     "encode",
     "from_series",
     "series_id",
@@ -126,3 +127,43 @@ def series_ids(labels: pa.ListArray) -> pa.Int64Array:
     digests = b"".join(hashlib.blake2b(key, digest_size=8).digest() for key in keys.dictionary.to_pylist())
     distinct = np.frombuffer(digests, dtype=">i8").astype(np.int64)
     return pa.array(distinct[keys.indices.to_numpy(zero_copy_only=False)], pa.int64())
+
+
+class SeriesIds:
+    """:func:`series_ids` for a receiver, which sees the same series again every scrape: the ids of
+    label sets it has seen come from memory, and only new ones are hashed.
+
+    A label set is looked up by a key that is cheap to build in Arrow (its label count, then its
+    names, then its values, in the order held), not by the digest's canonical bytes, which take a
+    sort and a join per label. Two sets with different keys may still be one set (the same labels
+    held in another order); each is then hashed the canonical way and gets the same id. Distinct
+    sets never share a key: the names and values are UTF-8 (the decoder checks), so they hold
+    neither separator, and the count says where the names end. Not thread-safe: the receiver's
+    flusher owns one. Holds at most ``max_series`` sets (about 100 bytes each), then starts over.
+    """
+
+    def __init__(self, max_series: int = 1_000_000) -> None:
+        self.max_series = max_series
+        self._ids: dict[bytes, int] = {}
+
+    def __call__(self, labels: pa.ListArray) -> pa.Int64Array:
+        keys = _lookup_keys(labels).to_pylist()
+        known = self._ids
+        found = [known.get(key) for key in keys]
+        new = [i for i, id_ in enumerate(found) if id_ is None]
+        if new:
+            ids = series_ids(labels.take(pa.array(new, pa.int64()))).to_pylist()
+            if len(known) + len(new) > self.max_series:
+                known.clear()
+            for i, id_ in zip(new, ids, strict=True):
+                found[i] = known[keys[i]] = id_
+        return pa.array(found, pa.int64())
+
+
+def _lookup_keys(labels: pa.ListArray) -> pa.BinaryArray:
+    """Per label set, ``<count> 0xFF <names joined by 0xFE> 0xFF <values joined by 0xFE>``."""
+    names, values = (a.cast(pa.binary()) for a in labels.flatten().flatten())
+    count = pc.cast(pc.list_value_length(labels).fill_null(0), pa.string()).cast(pa.binary())
+    return pc.binary_join_element_wise(
+        count, pc.binary_join(relist(labels, names), b"\xfe"), pc.binary_join(relist(labels, values), b"\xfe"), b"\xff"
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import struct
 from collections.abc import Sequence
@@ -26,7 +27,15 @@ from pipelines.sources.remote_write import (
     decompress,
     parse_write_request,
 )
-from pipelines.sources.remote_write_series import Series, encode, from_series, series_id, series_ids, to_series
+from pipelines.sources.remote_write_series import (
+    Series,
+    SeriesIds,
+    encode,
+    from_series,
+    series_id,
+    series_ids,
+    to_series,
+)
 
 MB = 1 << 20
 FUZZ = settings(max_examples=300, deadline=None)
@@ -440,3 +449,44 @@ def test_series_ids_of_many_label_sets_match_each_set_alone() -> None:
     ids = series_ids(from_series([Series(labels, [], []) for labels in sets]).column("labels").combine_chunks())
     assert ids.to_pylist() == [series_id(labels) for labels in sets]
     assert ids[0] == ids[1] and ids[3] == ids[4] and len(set(ids.to_pylist())) == 4
+
+
+def blake2b_model(labels: tuple[tuple[str, str], ...]) -> int:
+    """The id as its docstring defines it, written out independently: BLAKE2b-64 of
+    ``name 0xFF value 0xFE`` per label in (name, value) order, a signed big-endian int64."""
+    key = b"".join(n.encode() + b"\xff" + v.encode() + b"\xfe" for n, v in sorted(labels))
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big", signed=True)
+
+
+@given(
+    batches=st.lists(
+        st.lists(st.lists(st.tuples(label_text, label_text), max_size=4).map(tuple), max_size=6), min_size=1, max_size=4
+    ),
+    max_series=st.integers(min_value=1, max_value=8),
+)
+@settings(max_examples=150, deadline=None)
+def test_series_ids_remembered_by_a_receiver_are_the_ids_of_their_label_sets(
+    batches: list[list[tuple[tuple[str, str], ...]]], max_series: int
+) -> None:
+    # One cache over several batches (as a receiver's flusher keeps it), small enough to start over.
+    remembered = SeriesIds(max_series=max_series)
+    for sets in batches:
+        labels = from_series([Series(labels, [], []) for labels in sets]).column("labels").combine_chunks()
+        assert remembered(labels).to_pylist() == [blake2b_model(labels) for labels in sets]
+
+
+def test_series_ids_remembered_tell_apart_sets_whose_keys_could_run_together() -> None:
+    sets = [
+        (),
+        (("", ""),),
+        (("", ""), ("", "")),
+        (("a", "b"),),
+        (("a", "b"), ("c", "d")),
+        (("c", "d"), ("a", "b")),  # the same set in another order: another key, the same id
+        (("a\u00fe", "b"),),  # þ is U+00FE: its UTF-8 bytes are not the separator
+        (("a", "\u00feb"),),
+    ]
+    remembered = SeriesIds()
+    for _ in range(2):  # hashed, then remembered
+        labels = from_series([Series(labels, [], []) for labels in sets]).column("labels").combine_chunks()
+        assert remembered(labels).to_pylist() == [blake2b_model(labels) for labels in sets]

@@ -101,10 +101,11 @@ def read(sock: socket.socket, within_s: float, quiet_s: float | None) -> tuple[b
 # -- slow, stalled and idle connections --------------------------------------------------------------
 
 
+@pytest.mark.parametrize("fsync", ["request", "interval"])  # bodies decoded on threads, or on the loop
 def test_stalled_heads_idle_connections_and_slow_bodies_do_not_hold_back_senders(
-    receiver: Callable[..., RunningReceiver],
+    receiver: Callable[..., RunningReceiver], fsync: str
 ) -> None:
-    server = receiver(idle_timeout="2s", body_timeout="2s")
+    server = receiver(idle_timeout="2s", body_timeout="2s", fsync=fsync)
     address = ("127.0.0.1", server.port)
     stalled_heads = [socket.create_connection(address) for _ in range(8)]
     for sock in stalled_heads:
@@ -167,8 +168,9 @@ def test_stalled_heads_idle_connections_and_slow_bodies_do_not_hold_back_senders
     assert server.samples().num_rows == 40 * 3 * 2
 
 
-def test_sixteen_keep_alive_senders_each_get_a_fair_share(receiver: Callable[..., RunningReceiver]) -> None:
-    server = receiver()
+@pytest.mark.parametrize("fsync", ["request", "interval"])
+def test_sixteen_keep_alive_senders_each_get_a_fair_share(receiver: Callable[..., RunningReceiver], fsync: str) -> None:
+    server = receiver(fsync=fsync)
     counts = [0] * 16
     first_answer = [float("inf")] * 16
     statuses: set[int] = set()
@@ -333,8 +335,11 @@ def test_the_timestamp_range_is_configurable(receiver: Callable[..., RunningRece
 # -- framing, methods, garbage ---------------------------------------------------------------------
 
 
-def test_a_429_keeps_the_connection_framed_for_the_next_request(receiver: Callable[..., RunningReceiver]) -> None:
-    server = receiver(max_pending_bytes=1024)
+@pytest.mark.parametrize("fsync", ["request", "interval"])
+def test_a_429_keeps_the_connection_framed_for_the_next_request(
+    receiver: Callable[..., RunningReceiver], fsync: str
+) -> None:
+    server = receiver(max_pending_bytes=1024, fsync=fsync)
     first = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
     first.request("POST", "/api/v1/write", body=series_body(1), headers=PROM_HEADERS)
     assert first.getresponse().status == 204  # an empty log takes a body of any size

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import random
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -19,6 +20,7 @@ from pipelines.sources import remote_write as codec
 from pipelines.sources.remote_write_receiver import LEGACY_SAMPLES
 from pipelines.sources.remote_write_rows import request_series, samples_of, samples_table
 from pipelines.sources.remote_write_series import Series, encode, from_series, series_id
+from pipelines.sources.remote_write_server import INLINE_BODY_BYTES
 from pipelines.sources.wal import WriteAheadLog
 from tests.helpers import PROM_HEADERS, RunningReceiver, start_receiver
 
@@ -32,9 +34,11 @@ SERIES = [
 ]
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[RunningReceiver]:
-    running, stop, thread = start_receiver(tmp_path / "lake")
+@pytest.fixture(params=["request", "interval"])
+def server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[RunningReceiver]:
+    """A receiver with each request's log segment fsynced before its answer (decoded on the worker
+    threads), and one that fsyncs the log every second (small bodies decoded on the event loop)."""
+    running, stop, thread = start_receiver(tmp_path / "lake", fsync=request.param)
     yield running
     stop.set()
     thread.join(30)
@@ -187,6 +191,34 @@ def test_acknowledged_samples_survive_a_crash_before_the_flush(tmp_path: Path, f
     finally:
         stop2.set()
         thread2.join(30)
+
+
+def test_a_body_too_large_for_the_event_loop_is_decoded_on_a_worker_and_lands(tmp_path: Path) -> None:
+    """With ``fsync: interval`` small bodies are decoded on the event loop, larger ones on the
+    worker threads; both kinds land whole."""
+    running, stop, thread = start_receiver(tmp_path / "lake", fsync="interval")
+    try:
+        rng = random.Random(5)
+        big = [
+            Series(
+                (("__name__", "m"), ("i", str(i))),
+                [1_700_000_000_000 + k for k in range(4)],
+                [rng.random() for _ in range(4)],
+            )
+            for i in range(30_000)
+        ]
+        body = encode(big)
+        assert len(body) > INLINE_BODY_BYTES
+        assert running.post(body, PROM_HEADERS)[0] == 204
+        assert running.post(encode(SERIES), PROM_HEADERS)[0] == 204
+        table = running.samples()
+        assert table.num_rows == 30_000 * 4 + 3
+        assert set(table.filter(pc.equal(table["metric_name"], "m"))["series_id"].to_pylist()) == {
+            series_id(s.labels) for s in big
+        }
+    finally:
+        stop.set()
+        thread.join(30)
 
 
 def test_metrics_and_healthz(server: RunningReceiver) -> None:
