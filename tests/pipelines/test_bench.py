@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from pipelines.dev.bench.workloads import SIZES
+from pipelines.dev.bench.workloads import SIZES, STEADY_ROUNDS, STEADY_SERIES
 from tests.demo_lake import DEMO_GROUP
 from tests.infra.apt import ensure_apt_packages
 from tests.infra.common import require_or_skip
@@ -95,10 +96,9 @@ def test_every_stage_has_a_figure_or_says_why_not(bench: tuple[Path, dict[str, A
         "remote write: decode only",
         "peer: remote write read and discard",
         "remote write -> bronze",
-        "remote write -> bronze, 1 receiver process",
-        "remote write -> bronze, 2 receiver processes",
         "remote write -> bronze, serve (fsync per request)",
         "remote write -> bronze, serve (fsync every 1 s)",
+        "remote write -> bronze, serve (fsync every 1 s, 2 processes)",
         "peer: VictoriaMetrics (remote write)",
         "peer: Prometheus (remote write)",
         "samples -> metric windows (tumbling 1m)",
@@ -127,8 +127,8 @@ def test_every_stage_has_a_figure_or_says_why_not(bench: tuple[Path, dict[str, A
         "decode only": "remote write: decode only",
         "read and discard": "peer: remote write read and discard",
     }
-    assert peers["remote write -> bronze, 2 receiver processes"] == {
-        "1 process": "remote write -> bronze, 1 receiver process"
+    assert peers["remote write -> bronze, serve (fsync every 1 s, 2 processes)"] == {
+        "1 process": "remote write -> bronze, serve (fsync every 1 s)"
     }
     for fsync in ("fsync per request", "fsync every 1 s"):
         assert peers[f"remote write -> bronze, serve ({fsync})"] == {
@@ -155,17 +155,38 @@ def test_the_cold_chain_is_two_fresh_processes_read_against_the_warm_chain(
     assert all(p["ratio"] > 0 for p in chain["peers"] + ingest["peers"])
 
 
-def test_the_remote_write_peers_ran_and_say_what_their_2xx_promises(bench: tuple[Path, dict[str, Any], str]) -> None:
+def test_the_remote_write_peers_ran_timed_by_their_own_counters(bench: tuple[Path, dict[str, Any], str]) -> None:
     _, result, _ = bench
     stages = {s["stage"]: s for s in result["stages"]}
-    for name, promise in (
-        ("peer: VictoriaMetrics (remote write)", "2xx: in memory"),
-        ("peer: Prometheus (remote write)", "2xx: in the head block and its WAL"),
-        ("remote write -> bronze, serve (fsync per request)", "2xx: each request's log segment"),
-        ("remote write -> bronze, serve (fsync every 1 s)", "the log fsynced every 1 s"),
+    steady = STEADY_SERIES["XS"] * 4 * (STEADY_ROUNDS - 1)  # the timed rounds: each series' next 4 samples
+    for name, counter, promise in (
+        ("peer: VictoriaMetrics (remote write)", "`vm_rows_added_to_storage_total`", "2xx: in memory"),
+        (
+            "peer: Prometheus (remote write)",
+            "`prometheus_tsdb_head_samples_appended_total`",
+            "2xx: in the head block and its WAL",
+        ),
+        (
+            "remote write -> bronze, serve (fsync per request)",
+            "`medallion_remote_write_rows_flushed_total`",
+            "2xx: each request's log segment",
+        ),
+        (
+            "remote write -> bronze, serve (fsync every 1 s)",
+            "`medallion_remote_write_rows_flushed_total`",
+            "the log fsynced every 1 s",
+        ),
+        (
+            "remote write -> bronze, serve (fsync every 1 s, 2 processes)",
+            "`medallion_remote_write_rows_flushed_total`",
+            "the log fsynced every 1 s",
+        ),
     ):
-        assert stages[name]["runs"] == 1, (name, stages[name]["note"])
-        assert promise in stages[name]["note"], stages[name]["note"]
+        stage = stages[name]
+        assert stage["runs"] == 1 and stage["units"] == [steady], (name, stage["note"])
+        note = stage["note"]
+        assert f"time until {counter}" in note and promise in note, note
+        assert re.search(r"CPU per 400,000 samples \d+\.\d\d s", note), note
 
 
 def test_kafka_is_measured_at_two_sizes_beside_a_bare_consumer(bench: tuple[Path, dict[str, Any], str]) -> None:

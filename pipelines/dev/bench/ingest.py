@@ -17,11 +17,7 @@ from pyspark.sql import SparkSession
 
 from pipelines.dev.bench import plain
 from pipelines.dev.bench.ingest_kafka import kafka_stage
-from pipelines.dev.bench.ingest_remote_write import (
-    remote_write_peers_stage,
-    remote_write_processes_stage,
-    remote_write_stage,
-)
+from pipelines.dev.bench.ingest_remote_write import remote_write_stage, remote_write_steady_stage
 from pipelines.dev.bench.measure import Bench, as_dicts
 from pipelines.dev.bench.workloads import SIZES, Workload, remote_write_bodies
 
@@ -32,9 +28,8 @@ def ingest_stages(b: Bench, w: Workload) -> None:
     kafka_stage(b, w)
     b.say("remote write")
     remote_write_stage(b, w)
-    remote_write_processes_stage(b, w)
-    b.say("remote write beside VictoriaMetrics and Prometheus")
-    remote_write_peers_stage(b, w)
+    b.say("remote write in a steady state: one and two receiver processes, VictoriaMetrics and Prometheus")
+    remote_write_steady_stage(b, w)
 
 
 def run_ingest(

@@ -1,19 +1,20 @@
 """The remote-write ingest stages of the benchmark: remote write -> bronze beside decoding alone and
-a read-and-discard receiver, ``medallion serve remote-write`` with one process against two, and
-beside VictoriaMetrics and Prometheus; the sender process they share."""
+a read-and-discard receiver; and ``medallion serve remote-write`` in a fleet's steady state, with one
+process and two, beside VictoriaMetrics and Prometheus, each side timed by its own counter of what it
+stored; the sender process they share."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from pipelines.dev.bench.measure import Bench, timed, warm_up_first
-from pipelines.dev.bench.workloads import Workload
+from pipelines.dev.bench.measure import Bench, Figure, cpu_seconds, timed, warm_up_first
+from pipelines.dev.bench.workloads import SAMPLES_PER_REQUEST_SERIES, SERIES_PER_REQUEST, Workload
 from pipelines.runtime.tables import BRONZE_QUARANTINE, BRONZE_SAMPLES
 
 RW_SENDERS = 4
@@ -68,7 +69,7 @@ def remote_write_stage(b: Bench, w: Workload) -> None:
             statuses = send()
         if set(statuses) != {204}:
             raise AssertionError(f"the discarding receiver answered {statuses}")
-    line_fig.note = f"{RW_SENDERS} senders (another process) into the same HTTP server, bodies dropped"
+    line_fig.note = f"{RW_SENDERS} keep-alive senders (another process) into the same HTTP server, bodies dropped"
 
     fig = b.figure("remote write -> bronze", "samples")
     fig.peers["decode only"] = decode_fig.stage
@@ -87,7 +88,7 @@ def remote_write_stage(b: Bench, w: Workload) -> None:
         if landed != w.samples:
             raise AssertionError(f"remote write landed {landed} of {w.samples} samples")
     fig.note = (
-        f"{RW_SENDERS} senders (another process), 500 series x 4 samples per request; time until flushed to "
+        f"{RW_SENDERS} keep-alive senders (another process), 500 series x 4 samples per request; time until flushed to "
         "Delta; fsync: each request's log segment and the log folder before its 204"
     )
 
@@ -123,9 +124,10 @@ def sending(receiver: Any, bodies: Path) -> Iterator[Callable[[], dict[int, int]
 
 
 @contextmanager
-def senders_ready(port: int, bodies: Path) -> Iterator[Callable[[], dict[int, int]]]:
-    """A sender process loaded with ``bodies``; the callable sends them all to ``port`` and returns
-    the count of each final status."""
+def senders_ready(port: int, bodies: Path) -> Iterator[Callable[..., dict[int, int]]]:
+    """A sender process loaded with ``bodies`` (:mod:`pipelines.dev.bench.senders`); the callable
+    sends them all to ``port``, or rounds ``first`` to ``end - 1`` of them, and returns the count of
+    each final status."""
     import subprocess
     import sys
 
@@ -136,9 +138,9 @@ def senders_ready(port: int, bodies: Path) -> Iterator[Callable[[], dict[int, in
         if senders.stdout.readline().strip() != "ready":
             raise RuntimeError("the remote-write senders did not start")
 
-        def send() -> dict[int, int]:
+        def send(first: int | None = None, end: int | None = None) -> dict[int, int]:
             assert senders.stdin and senders.stdout
-            senders.stdin.write("go\n")
+            senders.stdin.write("go\n" if first is None else f"go {first} {end}\n")
             senders.stdin.flush()
             line = senders.stdout.readline()
             if not line:
@@ -151,105 +153,148 @@ def senders_ready(port: int, bodies: Path) -> Iterator[Callable[[], dict[int, in
         senders.wait(30)
 
 
-RW_PROCESSES = "remote write -> bronze, {n} receiver process{es}"
-
-
-def remote_write_processes_stage(b: Bench, w: Workload) -> None:
-    """``medallion serve remote-write`` with one process against two sharing the port.
-
-    Each run starts the command afresh and waits until it listens. The time runs from the first
-    body sent until the last sample landed: the command is stopped once the senders are done
-    (which flushes what is left), and the end is the table's last commit, read once it exited.
-    """
-    from pipelines.dev.bench.measure import MemorySampler
-    from pipelines.dev.bench.receivers import ReceiverCommand
-
-    bodies = b.out / "work" / "remote-write-bodies.pickle"
-    one = b.figure(RW_PROCESSES.format(n=1, es=""), "samples")
-    two = b.figure(RW_PROCESSES.format(n=2, es="es"), "samples")
-    two.peers["1 process"] = one.stage
-    for attempt in range(b.repeats + 1):
-        for processes, fig in ((1, one), (2, two)):
-            ctx = b.context("remote-write-processes")
-            target = warm_up_first(fig, attempt)
-            with ReceiverCommand(ctx.settings, ctx.store, processes, RW_SENDERS) as receiver:
-                with senders_ready(receiver.port, bodies) as send, MemorySampler() as mem:
-                    started = time.time()  # wall clock, as the commit times are
-                    statuses = send()
-                    landed = receiver.stop_and_wait_landed(w.samples)
-            if set(statuses) != {204}:
-                raise AssertionError(f"remote write answered {statuses}")
-            target.record(landed - started, w.samples, mem.peak)
-            fig.note = f"{RW_SENDERS} senders (another process); flush every 0.5 s; time until the last sample's commit"
-
-
-RW_OURS = "remote write -> bronze, serve ({how})"
+RW_SERVE = "remote write -> bronze, serve ({how})"
 RW_PEER = "peer: {name} (remote write)"
+SERVE_VARIANTS = {
+    # figure name -> (remote_write.fsync, processes)
+    RW_SERVE.format(how="fsync every 1 s"): ("interval", 1),
+    RW_SERVE.format(how="fsync every 1 s, 2 processes"): ("interval", 2),
+    RW_SERVE.format(how="fsync per request"): ("request", 1),
+}
+#: What each side counts its stored samples by, on its /metrics page (summed).
+OWN_COUNTERS = {
+    "ours": ("medallion_remote_write_rows_flushed_total",),  # rows committed to bronze/samples
+    "VictoriaMetrics": ("vm_rows_added_to_storage_total",),
+    # Out-of-order samples included (they are also counted apart, in ..._out_of_order_...).
+    "Prometheus": ("prometheus_tsdb_head_samples_appended_total",),
+}
 
 
-def remote_write_peers_stage(b: Bench, w: Workload) -> None:
-    """``medallion serve remote-write`` beside the stores a user would send remote write to instead.
+def remote_write_steady_stage(b: Bench, w: Workload) -> None:
+    """``medallion serve remote-write`` beside the stores a user would send remote write to instead,
+    in a fleet's steady state, each timed by its own counter.
 
-    The same sender process sends the same bodies to each, in turn within each run: our receiver
-    with each request fsynced before its 204 and with the log fsynced every second (the durability
-    the peers offer), single-node VictoriaMetrics and Prometheus' remote-write receiver. Ours ends
-    at the last sample's commit in bronze/samples; a peer once its query API counts every sample.
-    A peer whose binary is missing is skipped, with how to install it.
+    The workload (:func:`~pipelines.dev.bench.workloads.steady_bodies`): a fixed set of series; a
+    first round of samples creates them (untimed: VictoriaMetrics and Prometheus index a series
+    when they first see it), then the next rounds, each the series' next 4 samples, are sent back
+    to back by 4 keep-alive senders in another process. The time runs from the first body of those
+    rounds until the store's own counter counts every sample: ours, the rows its flusher committed
+    to bronze/samples; VictoriaMetrics, ``vm_rows_added_to_storage_total``; Prometheus,
+    ``prometheus_tsdb_head_samples_appended_total``; each read from its ``/metrics``, which costs
+    it no query. Each side's CPU seconds (the server's processes) are reported per 400,000 samples.
+    Ours runs with ``fsync: interval`` (the peers' durability) with one process and two, and with
+    ``fsync: request`` on its own line. A peer whose binary is missing is skipped, with how to
+    install it.
     """
+    import pickle
+    import statistics
+
     from pipelines.dev.bench.measure import MemorySampler
     from pipelines.dev.bench.peers import PEERS, Peer
     from pipelines.dev.bench.receivers import ReceiverCommand
-    from pipelines.dev.bench.workloads import RW_METRICS, remote_write_end_ms
+    from pipelines.dev.bench.workloads import STEADY_ROUNDS, STEADY_SERIES, steady_bodies
 
-    bodies = b.out / "work" / "remote-write-bodies.pickle"
-    ours = {
-        "request": b.figure(RW_OURS.format(how="fsync per request"), "samples"),
-        "interval": b.figure(RW_OURS.format(how="fsync every 1 s"), "samples"),
-    }
+    rounds = steady_bodies(w.size)
+    per_round = STEADY_SERIES[w.size.name] * SAMPLES_PER_REQUEST_SERIES
+    timed_samples = per_round * (STEADY_ROUNDS - 1)
+    bodies = b.out / "work" / "remote-write-steady.pickle"
+    bodies.parent.mkdir(parents=True, exist_ok=True)
+    bodies.write_bytes(pickle.dumps(rounds))
+    del rounds
+
+    ours = {name: b.figure(name, "samples") for name in SERVE_VARIANTS}
     peers = {kind: b.figure(RW_PEER.format(name=kind.name), "samples") for kind in PEERS}
+    ours[RW_SERVE.format(how="fsync every 1 s, 2 processes")].peers["1 process"] = RW_SERVE.format(
+        how="fsync every 1 s"
+    )
     for kind, fig in peers.items():
-        why = kind.missing()
-        if why:
+        if why := kind.missing():
             fig.note = f"skipped: {why}"
             continue
-        fig.note = (
-            f"{RW_SENDERS} senders (another process); time until its query API counts every sample; {kind.promise}"
-        )
-        for our in ours.values():
-            our.peers[kind.name] = fig.stage
-    at_ms = remote_write_end_ms(w.size)
+        for name, our in ours.items():
+            if "2 processes" not in name:
+                our.peers[kind.name] = fig.stage
+    cpu: dict[str, list[float]] = {fig.stage: [] for fig in [*ours.values(), *peers.values()]}
+
+    def run(fig: Figure, attempt: int, port: int, pid: int, metrics: str, counter: Sequence[str], name: str) -> None:
+        target = warm_up_first(fig, attempt)
+        with senders_ready(port, bodies) as send, MemorySampler({name: pid}) as mem:
+            statuses = send(0, 1)  # creates the series
+            base = wait_counted(metrics, counter, per_round, fig.stage)
+            cpu0, started = cpu_seconds(pid), time.time()
+            statuses |= send(1, STEADY_ROUNDS)
+            ended = time.time() if wait_counted(metrics, counter, base + timed_samples, fig.stage) else 0.0
+            used = cpu_seconds(pid) - cpu0
+        if set(statuses) != {204}:
+            raise AssertionError(f"{fig.stage} answered {statuses}")
+        target.record(ended - started, timed_samples, mem.peak)
+        if target is fig:
+            cpu[fig.stage].append(used * 400_000 / timed_samples)
+
     for attempt in range(b.repeats + 1):
-        for fsync, fig in ours.items():
-            ctx = b.context("remote-write-peers")
-            target = warm_up_first(fig, attempt)
-            with ReceiverCommand(ctx.settings, ctx.store, 1, RW_SENDERS, remote_write={"fsync": fsync}) as receiver:
-                with (
-                    senders_ready(receiver.port, bodies) as send,
-                    MemorySampler({"receiver": receiver.proc.pid}) as mem,
-                ):
-                    started = time.time()
-                    statuses = send()
-                    landed = receiver.stop_and_wait_landed(w.samples)
-            if set(statuses) != {204}:
-                raise AssertionError(f"remote write answered {statuses}")
-            target.record(landed - started, w.samples, mem.peak)
+        for name, (fsync, processes) in SERVE_VARIANTS.items():
+            ctx = b.context("remote-write-steady")
+            remote_write = {"fsync": fsync}
+            with ReceiverCommand(ctx.settings, processes, RW_SENDERS, remote_write=remote_write) as rc:
+                url = f"http://127.0.0.1:{rc.port}/metrics"
+                run(ours[name], attempt, rc.port, rc.proc.pid, url, OWN_COUNTERS["ours"], "receiver")
         for kind, fig in peers.items():
             if kind.missing():
                 continue
-            target = warm_up_first(fig, attempt)
             with Peer(kind, b.out / "work" / "peers" / kind.binary) as peer:
-                with senders_ready(peer.port, bodies) as send, MemorySampler({kind.binary: peer.proc.pid}) as mem:
-                    started = time.time()
-                    statuses = send()
-                    if set(statuses) != {204}:
-                        raise AssertionError(f"{kind.name} answered {statuses}")
-                    counted = peer.wait_counted(RW_METRICS, at_ms, w.samples)
-            target.record(counted - started, w.samples, mem.peak)
-    ours["request"].note = (
-        f"{RW_SENDERS} senders (another process); the command, one process; time until the last sample's commit; "
-        "2xx: each request's log segment and the log folder fsynced"
+                run(fig, attempt, peer.port, peer.proc.pid, f"{peer.url}/metrics", OWN_COUNTERS[kind.name], kind.binary)
+    workload = (
+        f"steady state: {STEADY_SERIES[w.size.name]:,} series, a first round creates them, then "
+        f"{STEADY_ROUNDS - 1} rounds of their next {SAMPLES_PER_REQUEST_SERIES} samples back to back, "
+        f"{SERIES_PER_REQUEST} series to a request; {RW_SENDERS} keep-alive senders (another process)"
     )
-    ours["interval"].note = (
-        f"{RW_SENDERS} senders (another process); the command, one process, remote_write.fsync: interval; time "
-        "until the last sample's commit; 2xx: in the page cache, the log fsynced every 1 s"
+    promised = {name: PROMISES[fsync] for name, (fsync, _) in SERVE_VARIANTS.items()}
+    counters = {name: OWN_COUNTERS["ours"] for name in SERVE_VARIANTS}
+    for kind, fig in peers.items():
+        promised[fig.stage], counters[fig.stage] = kind.promise, OWN_COUNTERS[kind.name]
+    names = {stage: " + ".join(f"`{c}`" for c in counted) for stage, counted in counters.items()}
+    for fig in [*ours.values(), *peers.values()]:
+        if fig.note:  # skipped, and says why
+            continue
+        per = cpu[fig.stage]
+        spent = f"{statistics.median(per):.2f} s ({min(per):.2f}-{max(per):.2f})" if per else "not measured"
+        fig.note = (
+            f"{workload}; time until {names[fig.stage]} counts every sample; CPU per 400,000 samples "
+            f"{spent}; {promised[fig.stage]}"
+        )
+
+
+PROMISES = {
+    "request": "2xx: each request's log segment and the log folder fsynced",
+    "interval": "2xx: in the page cache, the log fsynced every 1 s",
+}
+
+
+def wait_counted(metrics: str, counter: Sequence[str], samples: float, what: str, timeout: float = 300.0) -> float:
+    """Poll the sum of the ``counter`` metrics on the ``metrics`` page until it reaches ``samples``;
+    what it counts then."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = counter_value(metrics, counter)
+        if got >= samples:
+            return got
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: {counter} counts {got:,.0f} of {samples:,.0f} after {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+def counter_value(metrics: str, counter: Sequence[str]) -> float:
+    """The sum of the samples named in ``counter`` (over all their labels) on a Prometheus text
+    ``/metrics`` page."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(metrics, timeout=10) as response:
+        text = response.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name in counter
     )

@@ -6,6 +6,7 @@ Memory is sampled from ``/proc`` (resident set size) every 50 ms while a stage r
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import statistics
@@ -102,6 +103,16 @@ def children(pid: int) -> list[int]:
     except OSError:
         return []
     return [int(p) for p in text.split()]
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user and system) used so far by ``pid`` and the processes it started."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return own + sum(cpu_seconds(child) for child in children(pid))
 
 
 def stop_processes(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:

@@ -2,8 +2,10 @@
 
 Each peer is Debian's binary, started by the bench on 127.0.0.1 with a data folder of its own and
 stopped by it: single-node VictoriaMetrics (``victoria-metrics``, ``/api/v1/write``) and
-Prometheus with ``--web.enable-remote-write-receiver``. A peer has received a workload once its
-query API counts every sample. What each one's 2xx promises differs, and the report says so:
+Prometheus with ``--web.enable-remote-write-receiver``. A peer has stored a workload once its own
+counter of stored samples, on its ``/metrics`` page, counts every sample (see
+:data:`pipelines.dev.bench.ingest_remote_write.OWN_COUNTERS`). What each one's 2xx promises
+differs, and the report says so:
 
 - VictoriaMetrics: the samples are in memory, written to disk within about a second;
 - Prometheus: in its head block and its write-ahead log, which is not fsynced per request.
@@ -11,14 +13,12 @@ query API counts every sample. What each one's 2xx promises differs, and the rep
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -108,41 +108,6 @@ class Peer:
                 return int(response.status)
         except (urllib.error.URLError, OSError):
             return 0
-
-    def count(self, selectors: Sequence[str], at_ms: int) -> int:
-        """Samples of ``selectors`` in the hour up to ``at_ms``, through the query API (a query each)."""
-        total = 0
-        for selector in selectors:
-            query = urllib.parse.urlencode(
-                {"query": f"sum(count_over_time({selector}[1h]))", "time": f"{at_ms / 1000:.3f}"}
-            )
-            try:
-                with urllib.request.urlopen(f"{self.url}/api/v1/query?{query}", timeout=30) as response:
-                    result = json.load(response)["data"]["result"]
-            except urllib.error.HTTPError as exc:
-                raise RuntimeError(f"{self.kind.name} refused the query {query}: {exc.read()[:500]!r}") from exc
-            total += int(float(result[0]["value"][1])) if result else 0
-        return total
-
-    def wait_counted(self, selectors: Sequence[str], at_ms: int, samples: int, timeout: float = 120.0) -> float:
-        """Poll until the query API counts ``samples``; return the epoch seconds it first did.
-
-        VictoriaMetrics is asked to flush its in-memory buffers first (``/internal/force_flush``),
-        as stopping ours flushes its log: left alone, it makes new samples searchable within
-        seconds (10 s at the S size here), which would time its buffering rather than its work.
-        """
-        if self.kind is VICTORIA_METRICS and self._get("/internal/force_flush") != 200:
-            raise RuntimeError(f"{self.kind.name} did not flush: {self.log.read_text()[-2000:]}")
-        deadline = time.monotonic() + timeout
-        while True:
-            got = self.count(selectors, at_ms)
-            if got >= samples:
-                if got != samples:
-                    raise RuntimeError(f"{self.kind.name} counts {got} samples, {samples} were sent")
-                return time.time()
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.kind.name} counts {got} of {samples} samples after {timeout:.0f} s")
-            time.sleep(0.05)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

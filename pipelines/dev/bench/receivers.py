@@ -1,4 +1,4 @@
-"""``medallion serve remote-write`` as a separate command, for the bench's process-count stage."""
+"""``medallion serve remote-write`` as a separate command, for the bench's steady-state stage."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from types import TracebackType
 from typing import Any
 
 from pipelines.config.settings import env_name
-from pipelines.runtime.tables import BRONZE_SAMPLES
 
 FLUSH_INTERVAL = "0.5s"
 
@@ -25,13 +24,12 @@ class ReceiverCommand:
     def __init__(
         self,
         settings: Any,
-        store: Any,
         processes: int,
         workers: int,
         timeout: float = 120.0,
         remote_write: dict[str, str] | None = None,
     ) -> None:
-        self.settings, self.store, self.processes = settings, store, processes
+        self.settings, self.processes = settings, processes
         self.timeout = timeout
         self.log = Path(settings.lake_root) / "_logs" / "receiver.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("MEDALLION_")}
@@ -61,22 +59,6 @@ class ReceiverCommand:
         self.proc.kill()
         self.proc.wait()
         raise RuntimeError(f"the receiver did not start: {self.log.read_text()[-2000:]}")
-
-    def stop_and_wait_landed(self, samples: int) -> float:
-        """SIGTERM (each process flushes what it acknowledged), wait for the command to exit and
-        check that bronze holds ``samples``; return when the last of them landed (the epoch
-        seconds of the table's last commit). Reading the commit time afterwards, rather than
-        reading Delta over and over while it runs, leaves the cores to the receivers and leaves
-        out how long the processes take to exit."""
-        self.proc.send_signal(signal.SIGTERM)
-        self.stopping = True  # once: a second SIGTERM during interpreter exit would kill it
-        code = self.proc.wait(self.timeout)
-        stats = self.store.stats(BRONZE_SAMPLES)
-        if code != 0 or stats.rows != samples or stats.last_write is None:
-            raise RuntimeError(
-                f"{stats.rows} of {samples} samples landed; receiver exit {code}: {self.log.read_text()}"
-            )
-        return stats.last_write.timestamp()
 
     def __enter__(self) -> ReceiverCommand:
         return self

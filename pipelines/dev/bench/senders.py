@@ -1,8 +1,10 @@
 """Remote-write senders for ``medallion bench``, in a process of their own as real senders are.
 
-``python -m pipelines.dev.bench.senders PORT BODIES SENDERS`` loads the pickled list of bodies, prints
-``ready``, waits for a line on stdin, posts every body from SENDERS threads (again after a 429)
-and prints the count of each final status as JSON.
+``python -m pipelines.dev.bench.senders PORT BODIES SENDERS`` loads the pickled bodies (a list of
+bodies, or a list of rounds of bodies), prints ``ready`` and then, for each line on stdin, posts
+bodies from SENDERS threads, each over one keep-alive connection as Prometheus' and vmagent's
+shards do (again after a 429, on a new connection if the server closed it), and prints the count
+of each final status as JSON. ``go`` sends every body; ``go A B`` sends rounds A to B - 1, in order.
 """
 
 from __future__ import annotations
@@ -10,10 +12,11 @@ from __future__ import annotations
 import http.client
 import json
 import pickle
+import queue
 import sys
+import threading
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 
 HEADERS = {
     "Content-Type": "application/x-protobuf",
@@ -22,29 +25,63 @@ HEADERS = {
 }
 
 
-def post(port: int, body: bytes) -> int:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    try:
-        while True:
+def post(conn: http.client.HTTPConnection, body: bytes) -> int:
+    """Post ``body`` on ``conn`` until it is answered other than 429; its final status."""
+    while True:
+        try:
             conn.request("POST", "/api/v1/write", body=body, headers=HEADERS)
-            resp = conn.getresponse()
-            resp.read()
-            if resp.status != 429:
-                return resp.status
-            time.sleep(0.05)
-    finally:
-        conn.close()
+            response = conn.getresponse()
+            response.read()
+        except (OSError, http.client.HTTPException):  # closed by the server: reconnect and resend
+            conn.close()
+            time.sleep(0.01)
+            continue
+        if response.status != 429:
+            return response.status
+        time.sleep(0.05)
+
+
+def send(port: int, bodies: list[bytes], senders: int) -> Counter[int]:
+    """Post ``bodies`` from ``senders`` threads, each taking the next body when it is answered."""
+    waiting: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+    for body in bodies:
+        waiting.put(body)
+    statuses: Counter[int] = Counter()
+    lock = threading.Lock()
+
+    def sender() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        try:
+            while True:
+                try:
+                    body = waiting.get_nowait()
+                except queue.Empty:
+                    return
+                status = post(conn, body)
+                with lock:
+                    statuses[status] += 1
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=sender) for _ in range(senders)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return statuses
 
 
 def main(argv: list[str]) -> None:
     port, path, senders = int(argv[0]), argv[1], int(argv[2])
     with open(path, "rb") as f:
-        bodies: list[bytes] = pickle.load(f)  # written by the bench itself, never by anyone else
+        loaded = pickle.load(f)  # written by the bench itself, never by anyone else
+    rounds: list[list[bytes]] = loaded if loaded and isinstance(loaded[0], list) else [loaded]
     print("ready", flush=True)
-    sys.stdin.readline()
-    with ThreadPoolExecutor(senders) as pool:
-        statuses = Counter(pool.map(lambda body: post(port, body), bodies))
-    print(json.dumps(statuses), flush=True)
+    for line in sys.stdin:
+        words = line.split()
+        first, end = (int(words[1]), int(words[2])) if len(words) == 3 else (0, len(rounds))
+        statuses = send(port, [body for r in rounds[first:end] for body in r], senders)
+        print(json.dumps(statuses), flush=True)
 
 
 if __name__ == "__main__":

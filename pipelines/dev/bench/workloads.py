@@ -136,25 +136,28 @@ RW_STEP_MS = 15_000
 RW_METRICS = tuple(f"node_metric_{i}_total" for i in range(50))
 
 
-def remote_write_end_ms(size: Size) -> int:
-    """A time after every remote-write sample of ``size`` (for the peers' queries)."""
-    return RW_T0_MS + size.samples_per_series * RW_STEP_MS
+def node_labels(series: int) -> list[tuple[tuple[str, str], ...]]:
+    """Label sets of ``series`` node-exporter-like series, each sorted by name as senders send them."""
+    return [
+        tuple(
+            sorted(
+                (
+                    ("__name__", RW_METRICS[i % len(RW_METRICS)]),
+                    ("instance", f"host-{i // 200}:9100"),
+                    ("job", "node"),
+                    # (i // 50) % 4, not i % 4: with 50 names, i % 4 would give series i and i + 100 one label set.
+                    ("mode", ("idle", "user", "system", "iowait")[(i // len(RW_METRICS)) % 4]),
+                )
+            )
+        )
+        for i in range(series)
+    ]
 
 
 def remote_write_bodies(size: Size, seed: int = 11) -> tuple[list[bytes], int]:
     """Snappy bodies of ``SERIES_PER_REQUEST`` series x ``SAMPLES_PER_REQUEST_SERIES`` samples."""
     rng = random.Random(seed)
-    metrics = RW_METRICS
-    labels = [
-        (
-            ("__name__", metrics[i % len(metrics)]),
-            ("instance", f"host-{i // 200}:9100"),
-            ("job", "node"),
-            # (i // 50) % 4, not i % 4: with 50 names, i % 4 would give series i and i + 100 one label set.
-            ("mode", ("idle", "user", "system", "iowait")[(i // len(metrics)) % 4]),
-        )
-        for i in range(size.series)
-    ]
+    labels = node_labels(size.series)
     bodies, samples = [], 0
     t0 = RW_T0_MS
     rounds = size.samples_per_series // SAMPLES_PER_REQUEST_SERIES
@@ -163,10 +166,41 @@ def remote_write_bodies(size: Size, seed: int = 11) -> tuple[list[bytes], int]:
             batch = []
             for lab in labels[start : start + SERIES_PER_REQUEST]:
                 ts = [t0 + (r * SAMPLES_PER_REQUEST_SERIES + k) * RW_STEP_MS for k in range(SAMPLES_PER_REQUEST_SERIES)]
-                batch.append(Series(tuple(sorted(lab)), ts, [rng.random() * 1e6 for _ in ts]))
+                batch.append(Series(lab, ts, [rng.random() * 1e6 for _ in ts]))
             bodies.append(encode(batch))
             samples += len(batch) * SAMPLES_PER_REQUEST_SERIES
     return bodies, samples
+
+
+#: Series of the steady-state remote-write workload: the same series send their next samples
+#: round after round, as a fleet does once its targets are known (M: 1,000,000 samples a round).
+STEADY_SERIES = {"XS": 2_000, "S": 25_000, "M": 250_000, "L": 250_000}
+#: Its rounds: the first creates the series (a warm-up for the stores that index them), the rest
+#: are timed, sent back to back.
+STEADY_ROUNDS = 6
+
+
+def steady_bodies(size: Size, seed: int = 13) -> list[list[bytes]]:
+    """Per round, the snappy bodies of every series of :data:`STEADY_SERIES` with its next
+    ``SAMPLES_PER_REQUEST_SERIES`` samples, ``SERIES_PER_REQUEST`` series to a body."""
+    rng = random.Random(seed)
+    series = STEADY_SERIES[size.name]
+    labels = node_labels(series)
+    rounds = []
+    for r in range(STEADY_ROUNDS):
+        ts = [RW_T0_MS + (r * SAMPLES_PER_REQUEST_SERIES + k) * RW_STEP_MS for k in range(SAMPLES_PER_REQUEST_SERIES)]
+        rounds.append(
+            [
+                encode(
+                    [
+                        Series(lab, ts, [rng.random() * 1e6 for _ in ts])
+                        for lab in labels[start : start + SERIES_PER_REQUEST]
+                    ]
+                )
+                for start in range(0, series, SERIES_PER_REQUEST)
+            ]
+        )
+    return rounds
 
 
 def generate(size: Size, root: Path, remote_write: bool = True) -> Workload:
