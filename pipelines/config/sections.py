@@ -205,7 +205,13 @@ class RemoteWriteSettings(_Section):
     max_pending_bytes: int = Field(
         default=256 * 1024 * 1024, ge=1024, description="WAL bytes not yet in Delta before 429"
     )
-    workers: int = Field(default=8, ge=1, le=256, description="threads decoding and logging requests (per process)")
+    workers: int = Field(
+        default=8,
+        ge=1,
+        le=256,
+        description="threads decoding and logging requests, per process (with fsync: interval a small body is "
+        "handled on the event loop)",
+    )
     max_in_flight: int = Field(
         default=32, ge=1, le=4096, description="requests read or decoded at once (per process); more wait their turn"
     )

@@ -18,6 +18,7 @@ outcome to a response without ever answering 5xx on bad input:
 
 from __future__ import annotations
 
+import math
 import mmap
 import threading
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ __all__ = [
     "check_values",
     "decode",
     "decompress",
+    "inline_size",
     "parse_write_request",
     "relist",
 ]
@@ -334,6 +336,18 @@ def _snappy_block_decompress(body: bytes, max_decoded_bytes: int) -> bytes:
     # cramjam documents no exception contract; whatever it raises, the bytes were the problem.
     except Exception as exc:
         raise UndecodableBody(f"body is not valid snappy block-format data: {exc}") from exc
+
+
+def inline_size(body: bytes, encoding: str | None) -> float:
+    """What a body will decode to, where its encoding binds it: a snappy body's declared length
+    (decoding fails unless it is exact); infinity for anything else (a zstd frame's declared size
+    is optional and may lie) and for a malformed header (the decoder will say why)."""
+    if (encoding or "").strip().lower() != SNAPPY:
+        return math.inf
+    try:
+        return _snappy_declared_length(body)
+    except UndecodableBody:
+        return math.inf
 
 
 def _snappy_declared_length(body: bytes) -> int:

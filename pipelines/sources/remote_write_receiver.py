@@ -154,7 +154,8 @@ class Receiver:
 
     def accept(self, body: bytes, headers: Any) -> Response:
         """Decode a write's body, check it against the limits and log it: 204 once durable.
-        Blocking (decoding, fsync): the server runs it on a worker thread."""
+        Blocking (decoding, and the fsync with ``fsync: request``): the server runs it on a worker
+        thread, or on its event loop for a small body with ``fsync: interval``."""
         encoding = (headers.get("Content-Encoding") or "").strip().lower()
         vm = encoding == codec.ZSTD or bool(headers.get("X-VictoriaMetrics-Remote-Write-Version"))
         source = "victoriametrics" if vm else "prometheus"

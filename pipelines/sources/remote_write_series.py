@@ -138,12 +138,22 @@ class SeriesIds:
     sort and a join per label. Two sets with different keys may still be one set (the same labels
     held in another order); each is then hashed the canonical way and gets the same id. Distinct
     sets never share a key: the names and values are UTF-8 (the decoder checks), so they hold
-    neither separator, and the count says where the names end. Not thread-safe: the receiver's
-    flusher owns one. Holds at most ``max_series`` sets (about 100 bytes each), then starts over.
+    neither separator, and the count says where the names end.
+
+    Memory is bounded in bytes, whatever the labels: the keys held add up to at most ``max_bytes``
+    (a 4-label set takes about 170 bytes with the dict's own cost, a 15-label one about 650), a
+    key over :data:`MAX_KEY_BYTES` is never kept, and when the next keys would not fit the memory
+    starts over. Not thread-safe: the receiver's flusher owns one.
     """
 
-    def __init__(self, max_series: int = 1_000_000) -> None:
-        self.max_series = max_series
+    #: A label set whose key is longer is hashed every time rather than kept.
+    MAX_KEY_BYTES = 1024
+    #: What the dict costs per entry beyond its key's bytes (the entry, the bytes and int objects).
+    ENTRY_OVERHEAD = 120
+
+    def __init__(self, max_bytes: int = 64 * 1024 * 1024) -> None:
+        self.max_bytes = max_bytes
+        self.held_bytes = 0
         self._ids: dict[bytes, int] = {}
 
     def __call__(self, labels: pa.ListArray) -> pa.Int64Array:
@@ -151,12 +161,22 @@ class SeriesIds:
         known = self._ids
         found = [known.get(key) for key in keys]
         new = [i for i, id_ in enumerate(found) if id_ is None]
-        if new:
-            ids = series_ids(labels.take(pa.array(new, pa.int64()))).to_pylist()
-            if len(known) + len(new) > self.max_series:
+        if not new:
+            return pa.array(found, pa.int64())
+        ids = series_ids(labels.take(pa.array(new, pa.int64()))).to_pylist()
+        for i, id_ in zip(new, ids, strict=True):
+            found[i] = id_
+            key = keys[i]
+            size = len(key) + self.ENTRY_OVERHEAD
+            if len(key) > self.MAX_KEY_BYTES or key in known:
+                continue
+            if self.held_bytes + size > self.max_bytes:
                 known.clear()
-            for i, id_ in zip(new, ids, strict=True):
-                found[i] = known[keys[i]] = id_
+                self.held_bytes = 0
+                if size > self.max_bytes:
+                    continue
+            known[key] = id_
+            self.held_bytes += size
         return pa.array(found, pa.int64())
 
 

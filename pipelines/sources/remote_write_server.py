@@ -26,14 +26,15 @@ most ``max_decoded_bytes``, whose series, samples and labels are counted before 
 (:func:`pipelines.sources.remote_write.check_shape`); what waits for Delta is on disk, capped by
 ``max_pending_bytes``.
 
-Where a write is handled: with ``fsync: interval`` a body of up to :data:`INLINE_BODY_BYTES` (what
-Prometheus and vmagent send by default: a few thousand samples, tens of KB) is decoded and logged on
-the event loop itself, about a millisecond of work with no disk wait (the log goes to the page
-cache). Handing it to a thread would cost more than the work: each hand-off is two switches of the
-interpreter lock, and a profile of the receiver under four keep-alive senders showed a third of its
-CPU time in the kernel's task switching. Larger bodies, and every body with ``fsync: request``
-(which waits on the disk), are decoded and logged on ``workers`` threads, off the event loop. The
-loop is uvloop's where it is installed (Linux, macOS), asyncio's otherwise.
+Where a write is handled: with ``fsync: interval``, a snappy body that declares at most
+:data:`INLINE_DECODED_BYTES` decoded (what Prometheus sends by default: a few thousand samples,
+about 100 KB) is decoded and logged on the event loop itself, about a millisecond of work whose log
+write goes to the page cache, not through an fsync. Handing it to a thread would cost more than the
+work: each hand-off is two switches of the interpreter lock, and a profile of the receiver under
+four keep-alive senders showed a third of its CPU time in the kernel's task switching. Larger
+bodies, zstd bodies (whose declared size may lie), and every body with ``fsync: request`` (which
+waits on the disk) are decoded and logged on ``workers`` threads, off the event loop. The loop is
+uvloop's where it is installed (Linux, macOS), asyncio's otherwise.
 
 This module is the HTTP side; what each write is answered, the log and the flusher are the
 :class:`~pipelines.sources.remote_write_receiver.Receiver`'s.
@@ -47,19 +48,21 @@ import socket
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from pipelines.sources import remote_write as codec
 from pipelines.sources.remote_write_receiver import Receiver, Response
 
 log = logging.getLogger("medallion.remote_write")
 
 WRITE_PATHS = ("/api/v1/write", "/api/v1/import", "/api/v1/push")
-#: With ``fsync: interval``, bodies up to this size are handled on the event loop (see above): at
-#: most about 10 ms of decoding for the other connections to wait.
-INLINE_BODY_BYTES = 512 * 1024
+#: With ``fsync: interval``, snappy bodies that decode to at most this many bytes are handled on the
+#: event loop (see above): at most a few milliseconds of decoding for the other connections to wait.
+INLINE_DECODED_BYTES = 256 * 1024
 
 
 def _metric_path(path: str) -> str:
@@ -96,10 +99,20 @@ def _counting_log(receiver: Receiver) -> type[AbstractAccessLogger]:
     return CountingLog
 
 
+async def _accept(receiver: Receiver, pool: ThreadPoolExecutor, body: bytes, headers: Any) -> Response:
+    """:meth:`Receiver.accept` on the event loop for a small body with ``fsync: interval``, on a
+    worker thread otherwise (see the module's docstring)."""
+    if (
+        receiver.settings.fsync == "interval"
+        and codec.inline_size(body, headers.get("Content-Encoding")) <= INLINE_DECODED_BYTES
+    ):
+        return receiver.accept(body, headers)
+    return await asyncio.get_running_loop().run_in_executor(pool, receiver.accept, body, headers)
+
+
 def application(receiver: Receiver, pool: ThreadPoolExecutor) -> web.Application:
     """The receiver's routes; writes are decoded and logged on the loop or on ``pool``'s threads."""
     settings = receiver.settings
-    inline = settings.fsync == "interval"
     in_flight = asyncio.Semaphore(settings.max_in_flight)
     body_timeout = settings.body_timeout.total_seconds()
 
@@ -123,12 +136,7 @@ def application(receiver: Receiver, pool: ThreadPoolExecutor) -> web.Application
             if len(body) != int(request.headers["Content-Length"]):
                 return _web_response(Response(400, b"body shorter than Content-Length\n", {"Connection": "close"}))
             try:
-                if inline and len(body) <= INLINE_BODY_BYTES:
-                    response = receiver.accept(body, request.headers)
-                else:
-                    response = await asyncio.get_running_loop().run_in_executor(
-                        pool, receiver.accept, body, request.headers
-                    )
+                response = await _accept(receiver, pool, body, request.headers)
             except Exception:  # a bug, not bad input: say so, keep serving
                 log.exception("unexpected error handling a write")
                 response = Response(500, b"internal error\n", {"Connection": "close"})

@@ -25,6 +25,7 @@ from pipelines.sources.remote_write import (
     UnsupportedEncoding,
     decode,
     decompress,
+    inline_size,
     parse_write_request,
 )
 from pipelines.sources.remote_write_series import (
@@ -451,6 +452,14 @@ def test_series_ids_of_many_label_sets_match_each_set_alone() -> None:
     assert ids[0] == ids[1] and ids[3] == ids[4] and len(set(ids.to_pylist())) == 4
 
 
+def test_a_body_s_size_for_the_event_loop_is_what_snappy_declares_and_unknown_otherwise() -> None:
+    raw = b"x" * 70_000
+    assert inline_size(bytes(cramjam.snappy.compress_raw(raw)), " Snappy ") == 70_000
+    assert inline_size(bytes(cramjam.zstd.compress(raw)), "zstd") == math.inf  # may lie
+    assert inline_size(b"\xff\xff\xff\xff\xff\xff", "snappy") == math.inf  # malformed: decoded on a worker
+    assert inline_size(b"", None) == math.inf
+
+
 def blake2b_model(labels: tuple[tuple[str, str], ...]) -> int:
     """The id as its docstring defines it, written out independently: BLAKE2b-64 of
     ``name 0xFF value 0xFE`` per label in (name, value) order, a signed big-endian int64."""
@@ -462,17 +471,28 @@ def blake2b_model(labels: tuple[tuple[str, str], ...]) -> int:
     batches=st.lists(
         st.lists(st.lists(st.tuples(label_text, label_text), max_size=4).map(tuple), max_size=6), min_size=1, max_size=4
     ),
-    max_series=st.integers(min_value=1, max_value=8),
+    max_bytes=st.integers(min_value=100, max_value=1_000),
 )
 @settings(max_examples=150, deadline=None)
 def test_series_ids_remembered_by_a_receiver_are_the_ids_of_their_label_sets(
-    batches: list[list[tuple[tuple[str, str], ...]]], max_series: int
+    batches: list[list[tuple[tuple[str, str], ...]]], max_bytes: int
 ) -> None:
     # One cache over several batches (as a receiver's flusher keeps it), small enough to start over.
-    remembered = SeriesIds(max_series=max_series)
+    remembered = SeriesIds(max_bytes=max_bytes)
     for sets in batches:
         labels = from_series([Series(labels, [], []) for labels in sets]).column("labels").combine_chunks()
         assert remembered(labels).to_pylist() == [blake2b_model(labels) for labels in sets]
+        assert remembered.held_bytes <= max_bytes
+
+
+def test_series_ids_remembered_stay_within_their_bytes_and_skip_long_label_sets() -> None:
+    remembered = SeriesIds(max_bytes=10_000)
+    sets = [(("__name__", "m"), ("i", str(i))) for i in range(500)]  # about 140 bytes each
+    long = (("__name__", "m"), ("v", "x" * 4000))
+    labels = from_series([Series(s, [], []) for s in [*sets, long]]).column("labels").combine_chunks()
+    for _ in range(2):
+        assert remembered(labels).to_pylist() == [blake2b_model(s) for s in [*sets, long]]
+        assert 0 < remembered.held_bytes <= 10_000
 
 
 def test_series_ids_remembered_tell_apart_sets_whose_keys_could_run_together() -> None:

@@ -17,10 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipelines.sources import remote_write as codec
+from pipelines.sources import remote_write_server
 from pipelines.sources.remote_write_receiver import LEGACY_SAMPLES
 from pipelines.sources.remote_write_rows import request_series, samples_of, samples_table
 from pipelines.sources.remote_write_series import Series, encode, from_series, series_id
-from pipelines.sources.remote_write_server import INLINE_BODY_BYTES
+from pipelines.sources.remote_write_server import INLINE_DECODED_BYTES
 from pipelines.sources.wal import WriteAheadLog
 from tests.helpers import PROM_HEADERS, RunningReceiver, start_receiver
 
@@ -194,8 +195,8 @@ def test_acknowledged_samples_survive_a_crash_before_the_flush(tmp_path: Path, f
 
 
 def test_a_body_too_large_for_the_event_loop_is_decoded_on_a_worker_and_lands(tmp_path: Path) -> None:
-    """With ``fsync: interval`` small bodies are decoded on the event loop, larger ones on the
-    worker threads; both kinds land whole."""
+    """With ``fsync: interval`` small snappy bodies are decoded on the event loop, larger ones (by
+    their declared decoded size) and zstd ones on the worker threads; every kind lands whole."""
     running, stop, thread = start_receiver(tmp_path / "lake", fsync="interval")
     try:
         rng = random.Random(5)
@@ -208,14 +209,28 @@ def test_a_body_too_large_for_the_event_loop_is_decoded_on_a_worker_and_lands(tm
             for i in range(30_000)
         ]
         body = encode(big)
-        assert len(body) > INLINE_BODY_BYTES
+        assert codec.inline_size(body, "snappy") > INLINE_DECODED_BYTES >= codec.inline_size(encode(SERIES), "snappy")
         assert running.post(body, PROM_HEADERS)[0] == 204
         assert running.post(encode(SERIES), PROM_HEADERS)[0] == 204
+        zstd = {"Content-Encoding": "zstd", "X-VictoriaMetrics-Remote-Write-Version": "1"}
+        assert running.post(encode(SERIES, "zstd"), {**PROM_HEADERS, **zstd})[0] == 204
         table = running.samples()
-        assert table.num_rows == 30_000 * 4 + 3
+        assert table.num_rows == 30_000 * 4 + 3 + 3
         assert set(table.filter(pc.equal(table["metric_name"], "m"))["series_id"].to_pylist()) == {
             series_id(s.labels) for s in big
         }
+    finally:
+        stop.set()
+        thread.join(30)
+
+
+def test_on_asyncio_s_own_loop_where_uvloop_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(remote_write_server, "_loop_factory", lambda: None)
+    running, stop, thread = start_receiver(tmp_path / "lake", fsync="interval")
+    try:
+        assert running.post(encode(SERIES), PROM_HEADERS)[0] == 204
+        assert running.post(b"\x00garbage", PROM_HEADERS)[0] == 400
+        assert running.samples().num_rows == 3
     finally:
         stop.set()
         thread.join(30)

@@ -97,6 +97,11 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
+def tree_rss_mb(pid: int) -> float:
+    """The resident memory (MB) of ``pid`` and the processes it started (a command's workers)."""
+    return rss_mb(pid) + sum(tree_rss_mb(child) for child in children(pid))
+
+
 def children(pid: int) -> list[int]:
     try:
         text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
@@ -142,7 +147,8 @@ def jvm_mb(pid: int) -> float:
 
 
 class MemorySampler:
-    """Peak RSS (MB) per process: ``driver`` (this one), ``jvm`` and named extra processes."""
+    """Peak RSS (MB) per process: ``driver`` (this one), ``jvm`` and named extra processes (each with
+    the processes it started)."""
 
     def __init__(self, extra: dict[str, int] | None = None, interval: float = 0.05) -> None:
         import os
@@ -160,7 +166,7 @@ class MemorySampler:
             if process_name(child) == "java":
                 seen["jvm"] = seen.get("jvm", 0.0) + rss_mb(child)
         for name, pid in self.extra.items():
-            seen[name] = rss_mb(pid)
+            seen[name] = tree_rss_mb(pid)
         for name, mb in seen.items():
             self.peak[name] = max(self.peak.get(name, 0.0), round(mb, 1))
 

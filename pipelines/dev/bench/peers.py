@@ -17,7 +17,6 @@ import shutil
 import subprocess
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,7 +67,6 @@ class Peer:
         shutil.rmtree(workdir, ignore_errors=True)
         workdir.mkdir(parents=True)
         self.url = f"http://{LOOPBACK}:{self.port}"
-        self.write_url = f"{self.url}/api/v1/write"
         self.log = workdir / f"{kind.binary}.log"
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(self._argv(workdir), stdout=log, stderr=subprocess.STDOUT)

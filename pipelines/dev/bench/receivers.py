@@ -47,7 +47,6 @@ class ReceiverCommand:
                 [*command, "--port", "0", "--processes", str(processes)], env=env, stderr=log, text=True
             )
         self.port = self._listening()
-        self.stopping = False
 
     def _listening(self) -> int:
         deadline = time.monotonic() + self.timeout
@@ -64,7 +63,7 @@ class ReceiverCommand:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        if not self.stopping and self.proc.poll() is None:
+        if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(self.timeout)

@@ -25,8 +25,17 @@ HEADERS = {
 }
 
 
+#: Seconds a sender keeps reconnecting to a server that closed or refused it before it gives up.
+GIVE_UP_SECONDS = 30.0
+#: The status counted for a body that could not be delivered.
+UNDELIVERED = 0
+
+
 def post(conn: http.client.HTTPConnection, body: bytes) -> int:
-    """Post ``body`` on ``conn`` until it is answered other than 429; its final status."""
+    """Post ``body`` on ``conn`` until it is answered other than 429; its final status, or
+    :data:`UNDELIVERED` once the server has refused or dropped the connection for
+    :data:`GIVE_UP_SECONDS`."""
+    failing_since: float | None = None
     while True:
         try:
             conn.request("POST", "/api/v1/write", body=body, headers=HEADERS)
@@ -34,6 +43,9 @@ def post(conn: http.client.HTTPConnection, body: bytes) -> int:
             response.read()
         except (OSError, http.client.HTTPException):  # closed by the server: reconnect and resend
             conn.close()
+            failing_since = failing_since or time.monotonic()
+            if time.monotonic() - failing_since > GIVE_UP_SECONDS:
+                return UNDELIVERED
             time.sleep(0.01)
             continue
         if response.status != 429:

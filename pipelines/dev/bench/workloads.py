@@ -155,21 +155,26 @@ def node_labels(series: int) -> list[tuple[tuple[str, str], ...]]:
 
 
 def remote_write_bodies(size: Size, seed: int = 11) -> tuple[list[bytes], int]:
-    """Snappy bodies of ``SERIES_PER_REQUEST`` series x ``SAMPLES_PER_REQUEST_SERIES`` samples."""
+    """Snappy bodies of ``SERIES_PER_REQUEST`` series x ``SAMPLES_PER_REQUEST_SERIES`` samples: each
+    of the size's series' samples, a round of 4 at a time."""
     rng = random.Random(seed)
     labels = node_labels(size.series)
-    bodies, samples = [], 0
-    t0 = RW_T0_MS
     rounds = size.samples_per_series // SAMPLES_PER_REQUEST_SERIES
-    for r in range(rounds):
-        for start in range(0, size.series, SERIES_PER_REQUEST):
-            batch = []
-            for lab in labels[start : start + SERIES_PER_REQUEST]:
-                ts = [t0 + (r * SAMPLES_PER_REQUEST_SERIES + k) * RW_STEP_MS for k in range(SAMPLES_PER_REQUEST_SERIES)]
-                batch.append(Series(lab, ts, [rng.random() * 1e6 for _ in ts]))
-            bodies.append(encode(batch))
-            samples += len(batch) * SAMPLES_PER_REQUEST_SERIES
-    return bodies, samples
+    bodies = [body for r in range(rounds) for body in round_bodies(labels, r, rng)]
+    return bodies, rounds * size.series * SAMPLES_PER_REQUEST_SERIES
+
+
+def round_bodies(labels: list[tuple[tuple[str, str], ...]], r: int, rng: random.Random) -> list[bytes]:
+    """Round ``r`` of the series of ``labels``: each one's next ``SAMPLES_PER_REQUEST_SERIES``
+    samples, 15 s apart, ``SERIES_PER_REQUEST`` series to a snappy body."""
+    first = r * SAMPLES_PER_REQUEST_SERIES
+    ts = [RW_T0_MS + (first + k) * RW_STEP_MS for k in range(SAMPLES_PER_REQUEST_SERIES)]
+    return [
+        encode(
+            [Series(lab, ts, [rng.random() * 1e6 for _ in ts]) for lab in labels[start : start + SERIES_PER_REQUEST]]
+        )
+        for start in range(0, len(labels), SERIES_PER_REQUEST)
+    ]
 
 
 #: Series of the steady-state remote-write workload: the same series send their next samples
@@ -181,26 +186,10 @@ STEADY_ROUNDS = 6
 
 
 def steady_bodies(size: Size, seed: int = 13) -> list[list[bytes]]:
-    """Per round, the snappy bodies of every series of :data:`STEADY_SERIES` with its next
-    ``SAMPLES_PER_REQUEST_SERIES`` samples, ``SERIES_PER_REQUEST`` series to a body."""
+    """Per round, the bodies of every series of :data:`STEADY_SERIES` with its next samples."""
     rng = random.Random(seed)
-    series = STEADY_SERIES[size.name]
-    labels = node_labels(series)
-    rounds = []
-    for r in range(STEADY_ROUNDS):
-        ts = [RW_T0_MS + (r * SAMPLES_PER_REQUEST_SERIES + k) * RW_STEP_MS for k in range(SAMPLES_PER_REQUEST_SERIES)]
-        rounds.append(
-            [
-                encode(
-                    [
-                        Series(lab, ts, [rng.random() * 1e6 for _ in ts])
-                        for lab in labels[start : start + SERIES_PER_REQUEST]
-                    ]
-                )
-                for start in range(0, series, SERIES_PER_REQUEST)
-            ]
-        )
-    return rounds
+    labels = node_labels(STEADY_SERIES[size.name])
+    return [round_bodies(labels, r, rng) for r in range(STEADY_ROUNDS)]
 
 
 def generate(size: Size, root: Path, remote_write: bool = True) -> Workload:
