@@ -22,6 +22,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from pipelines.config.settings import load_settings
+from pipelines.dev.bench.measure import own_cpu_seconds
 from pipelines.dev.bench.workloads import SIZES, generate
 from pipelines.runtime import ingest, passes
 from pipelines.runtime.runner import Context
@@ -34,11 +35,7 @@ def _cpu_seconds(spark: SparkSession) -> float:
     """CPU seconds used so far by this process and by the JVM Spark runs in (local mode)."""
     own = time.process_time()
     pid = int(spark.sparkContext._jvm.ProcessHandle.current().pid())  # type: ignore[union-attr]
-    if pid == os.getpid():
-        return own
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return own + (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return own if pid == os.getpid() else own + own_cpu_seconds(pid)
 
 
 def _context(spark: SparkSession, lake: Path, horizon: str) -> Context:

@@ -110,14 +110,18 @@ def children(pid: int) -> list[int]:
     return [int(p) for p in text.split()]
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU seconds (user and system) used so far by ``pid`` and the processes it started."""
+def own_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user and system) used so far by ``pid`` itself; 0 once it is gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
-    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return own + sum(cpu_seconds(child) for child in children(pid))
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user and system) used so far by ``pid`` and the processes it started."""
+    return own_cpu_seconds(pid) + sum(cpu_seconds(child) for child in children(pid))
 
 
 def stop_processes(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
@@ -151,8 +155,6 @@ class MemorySampler:
     the processes it started)."""
 
     def __init__(self, extra: dict[str, int] | None = None, interval: float = 0.05) -> None:
-        import os
-
         self.pid = os.getpid()
         self.extra = extra or {}
         self.interval = interval
