@@ -198,6 +198,13 @@ def test_a_body_too_large_for_the_event_loop_is_decoded_on_a_worker_and_lands(tm
     """With ``fsync: interval`` small snappy bodies are decoded on the event loop, larger ones (by
     their declared decoded size) and zstd ones on the worker threads; every kind lands whole."""
     running, stop, thread = start_receiver(tmp_path / "lake", fsync="interval")
+    accept, handled_on = running.receiver.accept, []
+
+    def recording(body: bytes, headers: object) -> object:
+        handled_on.append(threading.current_thread().name)
+        return accept(body, headers)
+
+    running.receiver.accept = recording  # type: ignore[method-assign]
     try:
         rng = random.Random(5)
         big = [
@@ -214,6 +221,8 @@ def test_a_body_too_large_for_the_event_loop_is_decoded_on_a_worker_and_lands(tm
         assert running.post(encode(SERIES), PROM_HEADERS)[0] == 204
         zstd = {"Content-Encoding": "zstd", "X-VictoriaMetrics-Remote-Write-Version": "1"}
         assert running.post(encode(SERIES, "zstd"), {**PROM_HEADERS, **zstd})[0] == 204
+        on_worker = [name.startswith("remote-write") for name in handled_on]
+        assert on_worker == [True, False, True], handled_on  # big, small (the loop's thread), zstd
         table = running.samples()
         assert table.num_rows == 30_000 * 4 + 3 + 3
         assert set(table.filter(pc.equal(table["metric_name"], "m"))["series_id"].to_pylist()) == {
