@@ -158,7 +158,7 @@ def test_hand_written_spec_bytes_decode_so_field_numbers_match_prompb() -> None:
     assert to_series(parse_write_request(body)) == [Series((("__name__", "up"),), [1000], [1.5])]
 
 
-def test_metadata_exemplars_and_native_histograms_are_parsed_but_not_returned() -> None:
+def test_metadata_exemplars_and_native_histograms_are_skipped() -> None:
     exemplar = pb.Exemplar(labels=[pb.Label(name="trace_id", value="abc")], value=0.2, timestamp=7)
     request = pb.WriteRequest(
         timeseries=[
