@@ -159,7 +159,7 @@ class SeriesIds:
     def __call__(self, labels: pa.ListArray) -> pa.Int64Array:
         keys = _lookup_keys(labels).to_pylist()
         known = self._ids
-        found = [known.get(key) for key in keys]
+        found = list(map(known.get, keys))
         new = [i for i, id_ in enumerate(found) if id_ is None]
         if not new:
             return pa.array(found, pa.int64())

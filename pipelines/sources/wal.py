@@ -114,7 +114,7 @@ class WriteAheadLog:
         tmp = final.with_suffix(".tmp")
         try:
             with open(tmp, "wb") as f:
-                f.write(data.to_pybytes())
+                f.write(data)
                 f.flush()
                 if self.fsync_each:
                     os.fsync(f.fileno())
@@ -172,7 +172,9 @@ class WriteAheadLog:
 
     @staticmethod
     def read(segment: Segment) -> pa.Table:
-        with ipc.open_stream(pa.memory_map(str(segment.path))) as reader:
+        # One read of the whole file: a segment is small (a request's worth), and mapping it would
+        # cost more system calls (stat, open, mmap, madvise, munmap) and a page fault per page.
+        with ipc.open_stream(pa.py_buffer(segment.path.read_bytes())) as reader:
             return reader.read_all()
 
     def remove(self, segments: list[Segment]) -> None:
