@@ -94,13 +94,14 @@ def kafka_group_stage(b: Bench, w: Workload, broker: Any) -> None:
     stage runs (its figures are fixed costs), 30,000: still three flushes of each of two processes.
     """
     from pipelines.dev.bench.kafka_group import BATCH, PARTITIONS, IngestGroup
-    from pipelines.dev.bench.measure import MemorySampler
+    from pipelines.dev.bench.measure import MachineLoad, MemorySampler, machine_busy
 
     least = 30_000 if w.size.name == "XS" else 60_000
     messages = kafka_messages(KAFKA_MESSAGE_KINDS[0], max(w.size.kafka_messages, least))
     one = b.figure(KAFKA_GROUP.format(n=1, es=""), "messages")
     two = b.figure(KAFKA_GROUP.format(n=2, es="es"), "messages")
     two.peers["1 process"] = one.stage
+    busy: dict[int, list[float | None]] = {1: [], 2: []}
     for _ in range(b.repeats):
         for processes, fig in ((1, one), (2, two)):
             ctx = b.context("kafka-group")
@@ -110,17 +111,19 @@ def kafka_group_stage(b: Bench, w: Workload, broker: Any) -> None:
                 ctx.settings, ctx.store, broker.bootstrap, topic, processes, Path(ctx.settings.lake_root) / "_logs"
             )
             group.produce(messages)
-            with MemorySampler() as mem:
+            with MemorySampler() as mem, MachineLoad() as load:
                 group.start()
                 try:
                     group.wait_landed(len(messages), timeout=900)
                 finally:
                     group.stop()
-            rate, counted = group.steady_rate()
+            rate, counted, window = group.steady_rate()
             fig.record(counted / rate, counted, mem.peak)
+            busy[processes].append(load.busy(*window))
             fig.note = (
                 f"{len(messages):,} PostHog fixture events produced first, round-robin over {PARTITIONS} partitions; "
                 f"--max-batch {BATCH:,}; rate over the time every process was landing (start-up and joins left out)"
+                f"{machine_busy(busy[processes])}"
             )
 
 

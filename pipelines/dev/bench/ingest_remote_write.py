@@ -192,7 +192,7 @@ def remote_write_steady_stage(b: Bench, w: Workload) -> None:
     import statistics
     from collections import Counter
 
-    from pipelines.dev.bench.measure import MemorySampler
+    from pipelines.dev.bench.measure import MachineLoad, MemorySampler, machine_busy
     from pipelines.dev.bench.peers import PEERS, Peer
     from pipelines.dev.bench.receivers import ReceiverCommand
     from pipelines.dev.bench.workloads import STEADY_ROUNDS, STEADY_SERIES, steady_bodies
@@ -218,10 +218,11 @@ def remote_write_steady_stage(b: Bench, w: Workload) -> None:
             if "2 processes" not in name:
                 our.peers[kind.name] = fig.stage
     cpu: dict[str, list[float]] = {fig.stage: [] for fig in [*ours.values(), *peers.values()]}
+    busy: dict[str, list[float | None]] = {stage: [] for stage in cpu}
 
     def run(fig: Figure, attempt: int, port: int, pid: int, metrics: str, counter: Sequence[str], name: str) -> None:
         target = warm_up_first(fig, attempt)
-        with senders_ready(port, bodies) as send, MemorySampler({name: pid}) as mem:
+        with senders_ready(port, bodies) as send, MemorySampler({name: pid}) as mem, MachineLoad() as load:
             statuses = Counter(send(0, 1))  # creates the series
             base = wait_counted(metrics, counter, per_round, fig.stage)
             cpu0, started = cpu_seconds(pid), time.time()
@@ -237,6 +238,7 @@ def remote_write_steady_stage(b: Bench, w: Workload) -> None:
         target.record(ended - started, timed_samples, mem.peak)
         if target is fig:
             cpu[fig.stage].append(used * 400_000 / timed_samples)
+            busy[fig.stage].append(load.busy(started, ended))
 
     for attempt in range(b.repeats + 1):
         for name, (fsync, processes) in SERVE_VARIANTS.items():
@@ -272,7 +274,7 @@ def remote_write_steady_stage(b: Bench, w: Workload) -> None:
         fig.note = (
             f"{workload}; time until {names[fig.stage]} counts every sample, a sample counted once "
             f"{counted_when[fig.stage]}; CPU per 400,000 samples "
-            f"{spent}; {promised[fig.stage]}"
+            f"{spent}; {promised[fig.stage]}{machine_busy(busy[fig.stage])}"
         )
 
 

@@ -59,8 +59,9 @@ class IngestGroup:
                 argv = [*MEDALLION, "ingest", "kafka", "--topics", self.topic, *flush]
                 self.procs.append(subprocess.Popen(argv, env=env, stderr=log))
 
-    def steady_rate(self) -> tuple[float, int]:
-        """Messages/s while every member was landing, and how many messages that window held.
+    def steady_rate(self) -> tuple[float, int, tuple[float, float]]:
+        """Messages/s while every member was landing, how many messages that window held, and the
+        window (``time.time()`` values).
 
         Read from bronze itself: each flush's rows carry its ``batch_id`` (``<member>-<n>``) and the
         time the flush began. The window runs from the first flush of the last member to start to
@@ -86,7 +87,7 @@ class IngestGroup:
         counted = sum(f["count_all"] for f in flushes if start < f["ingest_time"].timestamp() <= end)
         if end - start < 1.0:
             raise RuntimeError("the processes overlapped for under a second: produce more messages")
-        return counted / (end - start), counted
+        return counted / (end - start), counted, (start, end)
 
     def landed(self) -> int:
         return sum(self.store.stats(spec).rows for spec in (BRONZE_EVENTS, BRONZE_QUARANTINE))

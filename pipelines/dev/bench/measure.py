@@ -187,6 +187,66 @@ class MemorySampler:
         self._sample()
 
 
+def cpu_jiffies() -> tuple[int, int] | None:
+    """All CPUs' (busy, busy + idle) clock ticks so far, from ``/proc/stat`` (None without it).
+    Busy is user, nice, system, irq and softirq time; idle counts I/O wait; time the hypervisor
+    stole is in neither, as no process here could have used it."""
+    try:
+        first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    user, nice, system, idle, iowait, irq, softirq = (int(x) for x in first[1:8])
+    busy = user + nice + system + irq + softirq
+    return busy, busy + idle + iowait
+
+
+class MachineLoad:
+    """How busy the machine's CPUs were over a window of wall-clock time: ``/proc/stat`` sampled
+    every ``interval`` seconds, so a stage can say whether a second process had a core to use."""
+
+    def __init__(self, interval: float = 0.25) -> None:
+        self.interval = interval
+        self.samples: list[tuple[float, int, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="cpu-sampler", daemon=True)
+
+    def _sample(self) -> None:
+        ticks = cpu_jiffies()
+        if ticks is not None:
+            self.samples.append((time.time(), *ticks))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def busy(self, start: float, end: float) -> float | None:
+        """The share of all CPUs' time that was busy between ``start`` and ``end`` (``time.time()``
+        values), from the first and last samples inside; None if fewer than two fall inside."""
+        inside = [s for s in self.samples if start <= s[0] <= end]
+        if len(inside) < 2 or inside[-1][2] == inside[0][2]:
+            return None
+        return (inside[-1][1] - inside[0][1]) / (inside[-1][2] - inside[0][2])
+
+    def __enter__(self) -> MachineLoad:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self._sample()
+
+
+def machine_busy(shares: list[float | None]) -> str:
+    """``; the machine's N CPUs X% busy meanwhile (median)``, or nothing where it was not measured:
+    how much of the machine a stage left for a second process to use."""
+    known = [s for s in shares if s is not None]
+    if not known:
+        return ""
+    return f"; the machine's {os.cpu_count()} CPUs {statistics.median(known):.0%} busy meanwhile (median)"
+
+
 @contextmanager
 def timed(figure: Figure, units: float | Callable[[], float], extra: dict[str, int] | None = None) -> Iterator[None]:
     """Time the block as one run of ``figure``; ``units`` may be computed after the block."""
