@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,7 +28,7 @@ from pipelines.config.settings import RemoteWriteSettings
 from pipelines.sources import remote_write as codec
 from pipelines.sources.remote_write_rows import request_series, sample_count, samples_of
 from pipelines.sources.remote_write_series import SeriesIds
-from pipelines.sources.wal import WalFullError, WriteAheadLog
+from pipelines.sources.wal import Segment, WalFullError, WriteAheadLog
 from pipelines.storage import AppTxn, TableSpec, TableStore
 
 log = logging.getLogger("medallion.remote_write")
@@ -215,22 +216,37 @@ class Receiver:
                 stale = [s for s in self.wal.segments(kind) if s.seq <= done]
                 if stale:  # landed before a crash, not yet deleted
                     self.wal.remove(stale)
-                rows = sample_count if kind == SERIES else pa.Table.__len__
-                while True:
-                    with self.wal.batch(kind, self.settings.flush_max_rows, rows) as (segments, batch):
-                        if not segments or batch is None:
-                            break
-                        t0 = time.perf_counter()
-                        table = samples_of(batch, self._series_ids) if kind == SERIES else batch
-                        self.store.append(spec, table, [AppTxn(app, segments[-1].seq)])
-                        self.wal.remove(segments)
-                        elapsed = time.perf_counter() - t0
-                        written += table.num_rows
-                        self.metrics.rows_flushed.inc(table.num_rows)
-                        self.metrics.flush_seconds.observe(elapsed)
-                        self.metrics.last_flush.set_to_current_time()
+                written += self._land_all(kind, spec, app)
             self._queue_changed()
             return written
+
+    def _land_all(self, kind: str, spec: TableSpec, app: str) -> int:
+        """Land the segments of ``kind`` in order, a batch at a time. The next batch is read and its
+        rows built while the last one is written (delta-rs encodes and writes without the
+        interpreter lock, on its own threads), and each commit waits for the one before, so the
+        app transaction's version only moves forward. A failed commit stops the rest: its segments
+        and the later ones stay in the log for the next flush."""
+        rows = sample_count if kind == SERIES else pa.Table.__len__
+        written = 0
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lander") as lander:
+            landing: Future[int] | None = None
+            for segments, batch in self.wal.batches(kind, self.settings.flush_max_rows, rows):
+                table = samples_of(batch, self._series_ids) if kind == SERIES else batch
+                if landing is not None:
+                    written += landing.result()
+                landing = lander.submit(self._land, spec, app, segments, table)
+            if landing is not None:
+                written += landing.result()
+        return written
+
+    def _land(self, spec: TableSpec, app: str, segments: list[Segment], table: pa.Table) -> int:
+        t0 = time.perf_counter()
+        self.store.append(spec, table, [AppTxn(app, segments[-1].seq)])
+        self.wal.remove(segments)
+        self.metrics.rows_flushed.inc(table.num_rows)
+        self.metrics.flush_seconds.observe(time.perf_counter() - t0)
+        self.metrics.last_flush.set_to_current_time()
+        return int(table.num_rows)
 
     def flush_loop(self, stop: threading.Event) -> None:
         interval = self.settings.flush_interval.total_seconds()

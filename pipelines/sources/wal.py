@@ -14,7 +14,6 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,7 +92,11 @@ class WriteAheadLog:
         for path in self.dir.iterdir():
             m = _SEGMENT.match(path.name)
             if m and (kind is None or m.group(2) == kind):
-                out.append(Segment(int(m.group(1)), m.group(2), path, path.stat().st_size))
+                try:
+                    size = path.stat().st_size
+                except FileNotFoundError:  # landed and removed since the folder was listed
+                    continue
+                out.append(Segment(int(m.group(1)), m.group(2), path, size))
         return sorted(out, key=lambda s: s.seq)
 
     def append(self, kind: str, table: pa.Table) -> int:
@@ -185,21 +188,29 @@ class WriteAheadLog:
             self._count = max(0, self._count - len(segments))
         self._fsync_dir()
 
-    @contextmanager
-    def batch(
+    def batches(
         self, kind: str, max_rows: int, rows_of: Callable[[pa.Table], int] = pa.Table.__len__
-    ) -> Iterator[tuple[list[Segment], pa.Table | None]]:
-        """The oldest segments of ``kind`` up to about ``max_rows`` rows (as ``rows_of`` counts a
-        segment's), concatenated."""
-        chosen: list[Segment] = []
-        tables: list[pa.Table] = []
-        rows = 0
-        for seg in self.complete(kind):
-            table = self.read(seg)
-            count = rows_of(table)
-            if chosen and rows + count > max_rows:
-                break
-            chosen.append(seg)
-            tables.append(table)
-            rows += count
-        yield chosen, (pa.concat_tables(tables) if tables else None)
+    ) -> Iterator[tuple[list[Segment], pa.Table]]:
+        """The segments of ``kind`` in order, as batches of up to about ``max_rows`` rows (as
+        ``rows_of`` counts a segment's), concatenated, until none is left. Each batch starts after
+        the last one handed out, so a caller may still be landing that one while it reads the next;
+        segments appended meanwhile are included."""
+        after = 0
+        while True:
+            chosen: list[Segment] = []
+            tables: list[pa.Table] = []
+            rows = 0
+            for seg in self.complete(kind):
+                if seg.seq <= after:
+                    continue
+                table = self.read(seg)
+                count = rows_of(table)
+                if chosen and rows + count > max_rows:
+                    break
+                chosen.append(seg)
+                tables.append(table)
+                rows += count
+            if not chosen:
+                return
+            after = chosen[-1].seq
+            yield chosen, pa.concat_tables(tables)

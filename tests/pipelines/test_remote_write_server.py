@@ -373,3 +373,42 @@ def test_with_fsync_interval_the_log_is_synced_every_interval(tmp_path: Path) ->
     finally:
         stop.set()
         thread.join(30)
+
+
+def test_batches_land_in_order_and_a_failed_commit_leaves_it_and_the_later_ones_for_the_next_flush(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flusher builds the next batch while the last one is written; the commits still go one
+    after another, each recording the last segment it holds, so a commit that fails leaves its
+    segments and every later one in the log, and the next flush lands them once."""
+    from pipelines.config.settings import load_settings
+    from pipelines.sources.remote_write_processes import open_receiver
+    from pipelines.sources.remote_write_receiver import SERIES as SERIES_KIND
+    from pipelines.storage.deltars import DeltaRsStore
+
+    lake = tmp_path / "lake"
+    settings = load_settings(lake_root=str(lake), remote_write={"flush_max_rows": 3})
+    store = DeltaRsStore(None, str(lake))
+    receiver = open_receiver(settings, store)
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    for n in range(1, 6):  # 3 samples each: one request to a batch
+        receiver.wal.append(SERIES_KIND, request_series(from_series(SERIES), "prometheus", f"b{n}", now))
+    append, commits = store.append, []
+
+    def third_fails(spec: object, table: pa.Table, txns: list) -> int:  # type: ignore[type-arg]
+        commits.append(txns[0].version)
+        if len(commits) == 3:
+            raise OSError("storage went away")
+        return append(spec, table, txns)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "append", third_fails)
+    with pytest.raises(OSError, match="storage went away"):
+        receiver.flush()
+    assert commits == [1, 2, 3]  # in order, and nothing after the failure
+    assert [s.seq for s in receiver.wal.segments()] == [3, 4, 5]
+    assert receiver.flush() == 9
+    assert commits == [1, 2, 3, 3, 4, 5]
+    receiver.close()
+    table = DeltaTable(str(lake / "bronze" / "samples")).to_pyarrow_table()
+    assert sorted(table["batch_id"].to_pylist()) == sorted(f"b{n}" for n in range(1, 6) for _ in range(3))
+    assert receiver.store.txn_version(receiver.samples_spec, receiver.app_samples) == 5
