@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -228,9 +228,18 @@ class Receiver:
         and the later ones stay in the log for the next flush."""
         rows = sample_count if kind == SERIES else pa.Table.__len__
         written = 0
+        landing: Future[int] | None = None
+
+        def wait_for_more() -> bool:
+            """A batch not yet full waits for the write under way, then takes what arrived
+            meanwhile: small batches would each pay a commit."""
+            if landing is None or landing.done():
+                return False
+            wait([landing])
+            return True
+
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lander") as lander:
-            landing: Future[int] | None = None
-            for segments, batch in self.wal.batches(kind, self.settings.flush_max_rows, rows):
+            for segments, batch in self.wal.batches(kind, self.settings.flush_max_rows, rows, wait_for_more):
                 table = samples_of(batch, self._series_ids) if kind == SERIES else batch
                 if landing is not None:
                     written += landing.result()

@@ -189,27 +189,38 @@ class WriteAheadLog:
         self._fsync_dir()
 
     def batches(
-        self, kind: str, max_rows: int, rows_of: Callable[[pa.Table], int] = pa.Table.__len__
+        self,
+        kind: str,
+        max_rows: int,
+        rows_of: Callable[[pa.Table], int] = pa.Table.__len__,
+        wait_for_more: Callable[[], bool] = lambda: False,
     ) -> Iterator[tuple[list[Segment], pa.Table]]:
         """The segments of ``kind`` in order, as batches of up to about ``max_rows`` rows (as
         ``rows_of`` counts a segment's), concatenated, until none is left. Each batch starts after
-        the last one handed out, so a caller may still be landing that one while it reads the next;
-        segments appended meanwhile are included."""
+        the last one handed out, so a caller may still be landing that one while it reads the next.
+        When the log runs out before a batch is full, ``wait_for_more()`` is asked whether to look
+        again (the caller waits for its landing under way, during which more segments arrive)
+        rather than hand out a small batch."""
         after = 0
         while True:
             chosen: list[Segment] = []
             tables: list[pa.Table] = []
             rows = 0
-            for seg in self.complete(kind):
-                if seg.seq <= after:
-                    continue
-                table = self.read(seg)
-                count = rows_of(table)
-                if chosen and rows + count > max_rows:
+            full = False
+            while not full:
+                for seg in self.complete(kind):
+                    if seg.seq <= (chosen[-1].seq if chosen else after):
+                        continue
+                    table = self.read(seg)
+                    count = rows_of(table)
+                    if chosen and rows + count > max_rows:
+                        full = True
+                        break
+                    chosen.append(seg)
+                    tables.append(table)
+                    rows += count
+                if not full and not wait_for_more():
                     break
-                chosen.append(seg)
-                tables.append(table)
-                rows += count
             if not chosen:
                 return
             after = chosen[-1].seq
