@@ -170,8 +170,9 @@ def _parse(raw: bytes) -> tuple[pa.ListArray, pa.ListArray, pa.ListArray]:
 
 
 def _items(lists: pa.ListArray) -> pa.Array:
-    """Every item of ``lists`` in order: its values array as is where the lists cover exactly that
-    (what ptars builds), without the copy or the Python of ``flatten``; ``flatten`` otherwise."""
+    """Every item of ``lists`` in order, for lists without nulls (protobuf's repeated fields, as
+    ptars builds them): its values array as is where the lists cover exactly that, without the
+    copy or the Python of ``flatten``; ``flatten`` of a slice otherwise."""
     offsets = lists.offsets
     if lists.offset == 0 and lists.null_count == 0 and offsets[0].as_py() == 0:
         values = lists.values
@@ -250,7 +251,7 @@ def check_shape(raw: bytes, limits: Limits) -> None:
         return
     try:
         batch = _shape_handler().list_to_record_batch([raw])
-    except BaseException as exc:  # as in parse_write_request
+    except BaseException as exc:  # as in _parse
         if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
             raise
         raise UndecodableBody(f"body is not a prometheus.WriteRequest: {exc}") from exc
@@ -306,8 +307,7 @@ def _iso(ms: int) -> str:
 def relist(lists: pa.ListArray, flat: pa.Array) -> pa.ListArray:
     """``flat`` (as many items as ``lists`` holds, in order) cut into the lists ``lists`` has."""
     if lists.null_count == 0:  # protobuf's repeated fields, always: its offsets, rebased to 0
-        offsets = lists.offsets
-        return pa.ListArray.from_arrays(pc.subtract(offsets, offsets[0]) if offsets[0].as_py() else offsets, flat)
+        return pa.ListArray.from_arrays(_offsets(lists), flat)
     lengths = pc.list_value_length(lists).fill_null(0).to_numpy(zero_copy_only=False)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     return pa.ListArray.from_arrays(pa.array(offsets), flat)

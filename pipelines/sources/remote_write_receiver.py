@@ -120,6 +120,9 @@ class Receiver:
         self.last_error: str | None = None
         self._flush_lock = threading.Lock()
         self._series_ids = SeriesIds()  # the flusher's, under the lock
+        # Commits run on one long-lived thread: the store keeps a table per thread and brings it up
+        # to date with the commits since, where a new thread would load the table whole.
+        self._lander = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lander")
 
     # -- requests -------------------------------------------------------------------------------
     def preflight(self, query: Mapping[str, Any], headers: Any) -> Response | None:
@@ -238,14 +241,20 @@ class Receiver:
             wait([landing])
             return True
 
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lander") as lander:
+        try:
             for segments, batch in self.wal.batches(kind, self.settings.flush_max_rows, rows, wait_for_more):
                 table = samples_of(batch, self._series_ids) if kind == SERIES else batch
                 if landing is not None:
                     written += landing.result()
-                landing = lander.submit(self._land, spec, app, segments, table)
+                landing = self._lander.submit(self._land, spec, app, segments, table)
             if landing is not None:
                 written += landing.result()
+        except BaseException as exc:
+            # The next flush must not start behind a commit still under way: wait for it, and say
+            # if it failed too, which the error raised here would otherwise hide.
+            if landing is not None and (error := landing.exception()) is not None and error is not exc:
+                log.error("a commit to %s failed as well: %s", spec.key, error)
+            raise
         return written
 
     def _land(self, spec: TableSpec, app: str, segments: list[Segment], table: pa.Table) -> int:
@@ -291,4 +300,5 @@ class Receiver:
         return self.metrics.text()
 
     def close(self) -> None:
+        self._lander.shutdown(wait=True)
         self.wal.close()

@@ -132,6 +132,9 @@ class WriteAheadLog:
                 self._pending -= data.size
                 self._count -= 1
             tmp.unlink(missing_ok=True)
+            # Renamed but not made durable (the folder's fsync failed): never acknowledged, so it
+            # must not land; the flusher has not taken it, as its number is still being written.
+            final.unlink(missing_ok=True)
             raise
         finally:
             with self._mutex:
