@@ -6,8 +6,9 @@ VictoriaMetrics' vmagent. This module turns such a body into Arrow columns (:dat
 what the receiver lands); :mod:`pipelines.sources.remote_write_series` holds the other direction
 (Series values into a body, what a sender sends) and a label set's stable id.
 
-It is deliberately pure (no I/O; its only globals are its parsers, each built once) and bounded, so
-the HTTP server can map every outcome to a response without ever answering 5xx on bad input:
+It is deliberately pure (no I/O and no state; its parsers are built once, in
+:mod:`pipelines.sources.remote_write_parsers`) and bounded, so the HTTP server can map every
+outcome to a response without ever answering 5xx on bad input:
 
 * every rejection is a :class:`RemoteWriteError` whose ``status`` is the HTTP status to answer
   (415 unsupported ``Content-Encoding``, 413 decoded body too large, 400 undecodable body), and
@@ -20,18 +21,14 @@ from __future__ import annotations
 
 import math
 import mmap
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import cramjam
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from google.protobuf import descriptor_pb2, descriptor_pool
 
-from pipelines.sources import remote_write_pb2 as pb
+from pipelines.sources.remote_write_parsers import request_parser, shape_parser
 
 __all__ = [
     "SERIES_SCHEMA",
@@ -152,7 +149,7 @@ def parse_write_request(raw: bytes) -> pa.Table:
 def _parse(raw: bytes) -> tuple[pa.ListArray, pa.ListArray, pa.ListArray]:
     """A request's labels, timestamps and values, one list of each per series, as received."""
     try:
-        batch = _request_handler().list_to_record_batch([raw])
+        batch = request_parser().list_to_record_batch([raw])
     # ptars raises ValueError for malformed bytes and invalid UTF-8 in a string field; a panic in
     # its Rust code would surface as pyo3's PanicException, which is not an Exception subclass.
     except BaseException as exc:
@@ -250,7 +247,7 @@ def check_shape(raw: bytes, limits: Limits) -> None:
     if raw.count(b"\x0a") + raw.count(b"\x12") <= _SHAPE_CHECK_ABOVE_ENTRIES:
         return
     try:
-        batch = _shape_handler().list_to_record_batch([raw])
+        batch = shape_parser().list_to_record_batch([raw])
     except BaseException as exc:  # as in _parse
         if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
             raise
@@ -311,75 +308,6 @@ def relist(lists: pa.ListArray, flat: pa.Array) -> pa.ListArray:
     lengths = pc.list_value_length(lists).fill_null(0).to_numpy(zero_copy_only=False)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     return pa.ListArray.from_arrays(pa.array(offsets), flat)
-
-
-_handler_lock = threading.Lock()
-_handlers: dict[str, Any] = {}
-
-
-def _handler(message: str, proto: Callable[[], descriptor_pb2.FileDescriptorProto]) -> Any:
-    """A ptars parser for ``message`` of the file ``proto()`` describes, built once per process."""
-    with _handler_lock:
-        if message not in _handlers:
-            from ptars import HandlerPool
-
-            pool = descriptor_pool.DescriptorPool()
-            built = proto()
-            pool.Add(built)
-            files = [pool.FindFileByName(built.name)]
-            _handlers[message] = HandlerPool(files).get_for_message(pool.FindMessageTypeByName(message))
-        return _handlers[message]
-
-
-def _request_handler() -> Any:
-    """A ptars parser for a WriteRequest that reads only what is returned: the series' labels and
-    samples. Every field ptars knows costs it a builder on every call, so the full message
-    (exemplars, native histograms, metadata) costs about 280 us per request however small, more
-    than the parse of a request of 2,000 samples; the other fields are skipped as unknown."""
-    return _handler("prometheus.WriteRequest", _read_proto)
-
-
-def _read_proto() -> descriptor_pb2.FileDescriptorProto:
-    keep = {"WriteRequest": {"timeseries"}, "TimeSeries": {"labels", "samples"}, "Label": None, "Sample": None}
-    full = descriptor_pb2.FileDescriptorProto()
-    pb.WriteRequest.DESCRIPTOR.file.CopyToProto(full)
-    proto = descriptor_pb2.FileDescriptorProto(
-        name="medallion_remote_write_read.proto", package=full.package, syntax=full.syntax
-    )
-    for message in full.message_type:
-        if message.name in keep:
-            kept = proto.message_type.add()
-            kept.CopyFrom(message)
-            fields = keep[message.name]
-            if fields is not None:
-                del kept.field[:]
-                kept.field.extend(f for f in message.field if f.name in fields)
-    return proto
-
-
-def _shape_handler() -> Any:
-    """A ptars parser for a WriteRequest's shape only: each series as its lists of labels and
-    samples, each entry an empty message (its fields skipped as unknown), so nothing is copied."""
-    return _handler("medallion.shape.Request", _shape_proto)
-
-
-def _shape_proto() -> descriptor_pb2.FileDescriptorProto:
-    field = descriptor_pb2.FieldDescriptorProto
-    proto = descriptor_pb2.FileDescriptorProto(
-        name="medallion_remote_write_shape.proto", package="medallion.shape", syntax="proto3"
-    )
-    proto.message_type.add(name="Entry")
-    series = proto.message_type.add(name="Series")
-    request = proto.message_type.add(name="Request")
-    for message, name, number, entry in (
-        (series, "labels", 1, ".medallion.shape.Entry"),
-        (series, "samples", 2, ".medallion.shape.Entry"),
-        (request, "timeseries", 1, ".medallion.shape.Series"),
-    ):
-        message.field.add(
-            name=name, number=number, type=field.TYPE_MESSAGE, label=field.LABEL_REPEATED, type_name=entry
-        )
-    return proto
 
 
 # The snappy block format starts with the decoded length as a little-endian base-128 varint;
