@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -150,17 +150,41 @@ def jvm_mb(pid: int) -> float:
     return sum(rss_mb(c) for c in children(pid) if process_name(c) == "java")
 
 
-class MemorySampler:
+class Sampler:
+    """Calls :meth:`_sample` on entry, every ``interval`` seconds on a thread of its own, and on exit."""
+
+    def __init__(self, interval: float, name: str) -> None:
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    def _sample(self) -> None:
+        raise NotImplementedError
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def __enter__(self) -> Self:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self._sample()
+
+
+class MemorySampler(Sampler):
     """Peak RSS (MB) per process: ``driver`` (this one), ``jvm`` and named extra processes (each with
     the processes it started)."""
 
     def __init__(self, extra: dict[str, int] | None = None, interval: float = 0.05) -> None:
         self.pid = os.getpid()
         self.extra = extra or {}
-        self.interval = interval
         self.peak: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
+        super().__init__(interval, "rss-sampler")
 
     def _sample(self) -> None:
         seen = {"driver": rss_mb(self.pid)}
@@ -171,20 +195,6 @@ class MemorySampler:
             seen[name] = tree_rss_mb(pid)
         for name, mb in seen.items():
             self.peak[name] = max(self.peak.get(name, 0.0), round(mb, 1))
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._sample()
-
-    def __enter__(self) -> MemorySampler:
-        self._sample()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        self._sample()
 
 
 def cpu_jiffies() -> tuple[int, int] | None:
@@ -200,24 +210,18 @@ def cpu_jiffies() -> tuple[int, int] | None:
     return busy, busy + idle + iowait
 
 
-class MachineLoad:
+class MachineLoad(Sampler):
     """How busy the machine's CPUs were over a window of wall-clock time: ``/proc/stat`` sampled
     every ``interval`` seconds, so a stage can say whether a second process had a core to use."""
 
     def __init__(self, interval: float = 0.25) -> None:
-        self.interval = interval
         self.samples: list[tuple[float, int, int]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="cpu-sampler", daemon=True)
+        super().__init__(interval, "cpu-sampler")
 
     def _sample(self) -> None:
         ticks = cpu_jiffies()
         if ticks is not None:
             self.samples.append((time.time(), *ticks))
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._sample()
 
     def busy(self, start: float, end: float) -> float | None:
         """The share of all CPUs' time that was busy between ``start`` and ``end`` (``time.time()``
@@ -226,16 +230,6 @@ class MachineLoad:
         if len(inside) < 2 or inside[-1][2] == inside[0][2]:
             return None
         return (inside[-1][1] - inside[0][1]) / (inside[-1][2] - inside[0][2])
-
-    def __enter__(self) -> MachineLoad:
-        self._sample()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        self._sample()
 
 
 def machine_busy(shares: list[float | None]) -> str:
