@@ -24,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
@@ -50,17 +50,19 @@ def app_id(group: str, topic: str, partition: int) -> str:
 
 def landing_rows(messages: Sequence[Any], batch_id: str, now: datetime) -> pa.Table:
     """Consumer records -> landing rows (bronze parser input)."""
-    ts = [datetime.fromtimestamp(m.timestamp / 1000, tz=UTC) if m.timestamp is not None else None for m in messages]
+    n = len(messages)
+    # Kafka's timestamps are milliseconds since the epoch: cast by Arrow, not a datetime each.
+    millis = pa.array([m.timestamp for m in messages], pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
     table = pa.table(
         {
             "value": pa.array([m.value for m in messages], pa.binary()),
-            "source": pa.array(["kafka"] * len(messages), pa.string()),
+            "source": pa.repeat(pa.scalar("kafka", pa.string()), n),
             "topic": pa.array([m.topic for m in messages], pa.string()),
             "partition": pa.array([m.partition for m in messages], pa.int32()),
             "offset": pa.array([m.offset for m in messages], pa.int64()),
-            "kafka_timestamp": pa.array(ts, pa.timestamp("us", tz="UTC")),
-            "ingest_time": pa.array([now] * len(messages), pa.timestamp("us", tz="UTC")),
-            "batch_id": pa.array([batch_id] * len(messages), pa.string()),
+            "kafka_timestamp": millis.cast(pa.timestamp("us", tz="UTC")),
+            "ingest_time": pa.repeat(pa.scalar(now, pa.timestamp("us", tz="UTC")), n),
+            "batch_id": pa.repeat(pa.scalar(batch_id, pa.string()), n),
         }
     )
     return conform(table, LANDING_ARROW_SCHEMA)
