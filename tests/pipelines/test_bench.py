@@ -323,3 +323,15 @@ def test_a_pass_of_run_all_is_timed_empty_and_with_one_event_per_flow_and_in_tot
         t = costs["total"][kind]
         assert 0 < t["min"] <= t["median"] <= t["max"]
     assert "## A pass of run all (session up, XS lake)" in (out / "bench.md").read_text()
+
+
+def test_every_spark_stage_has_its_jobs_from_sparks_event_log(bench: tuple[Path, dict[str, Any], str]) -> None:
+    out, result, _ = bench
+    jobs = result["spark_jobs"]
+    for stage in (*SPARK_STAGES[:5], "plain Spark: silver events"):
+        if stage.startswith("end to end"):
+            continue  # a sum of the stages' figures, not a run of its own
+        f = jobs[stage]
+        assert f["jobs"] >= 1 and f["queries"] >= 1, (stage, f)
+        assert 0 < f["job_seconds"] <= f["seconds"] and 0 <= f["before_jobs_seconds"] < f["seconds"], (stage, f)
+    assert "## Spark's jobs per stage" in (out / "bench.md").read_text()

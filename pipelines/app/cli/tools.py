@@ -203,6 +203,7 @@ def bench(
     path's chain, its memory and its fixed costs beside S and M.
     """
     from pipelines.config.spark import build_spark
+    from pipelines.dev.bench import sparklog
     from pipelines.dev.bench.run import run_bench
 
     if freshness_rates is not None:
@@ -218,6 +219,8 @@ def bench(
         return
     out = out_dir or Path("bench-results") / (size if only is None else f"{size}-{only}")
     say_step("starting Spark")
+    if "spark.eventLog.enabled" not in state.settings.spark.conf:  # each stage's jobs, from Spark's record
+        state.settings.spark.conf.update(sparklog.confs(out.resolve() / sparklog.FOLDER))
     spark = build_spark(state.settings)
     runs = repeats or {"XS": 1, "S": 2, "M": 3, "L": 1}[size]
     if only == "dedup":

@@ -38,6 +38,9 @@ class Figure:
     #: label -> stage name of a peer figure: what this stage is compared with (``0.80x of <label>``)
     peers: dict[str, str] = field(default_factory=dict)
     note: str | None = None
+    #: Each timed run's start and end, seconds since the epoch: what Spark's event log ran then
+    #: was the run's (:mod:`pipelines.dev.bench.sparklog`).
+    windows: list[tuple[float, float]] = field(default_factory=list)
 
     def record(self, seconds: float, units: float, peak_rss_mb: dict[str, float]) -> None:
         """One run: its time, its units and the peak memory of each process it watched."""
@@ -245,9 +248,10 @@ def machine_busy(shares: list[float | None]) -> str:
 def timed(figure: Figure, units: float | Callable[[], float], extra: dict[str, int] | None = None) -> Iterator[None]:
     """Time the block as one run of ``figure``; ``units`` may be computed after the block."""
     with MemorySampler(extra) as mem:
-        t0 = time.perf_counter()
+        t0, started = time.perf_counter(), time.time()
         yield
         elapsed = time.perf_counter() - t0
+    figure.windows.append((started, started + elapsed))
     figure.record(elapsed, units() if callable(units) else units, mem.peak)
 
 

@@ -77,6 +77,12 @@ def markdown(result: dict[str, Any]) -> str:
         )
     notes = [f"- {s['stage']}: {s['note']}" for s in result["stages"] if s.get("note")]
     lines += ["", *notes]
+    if "spark_jobs" in result:
+        from pipelines.dev.bench import sparklog
+
+        if result["spark_jobs"] is None:
+            lines += ["", "Spark's jobs per stage: not recorded (the session wrote no local, uncompressed event log)."]
+        lines += sparklog.markdown(result["spark_jobs"] or {})
     if result.get("fixed_costs"):
         lines += [
             "",

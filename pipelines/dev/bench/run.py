@@ -302,7 +302,7 @@ def run_bench(
     """The whole bench at S and M. L measures what it is for, scale: the chain (gates on, no
     warm-up at L: an S chain warms the JVM), its memory, the per-run fixed costs on its lake, and
     the S and M chains beside it; the peers, Kafka, remote write and the rest are M's business."""
-    from pipelines.dev.bench import report
+    from pipelines.dev.bench import report, sparklog
 
     size = SIZES[size_name]
     full = size.name != "L"
@@ -371,6 +371,7 @@ def run_bench(
         "peak_rss_mb": rss,
         "event_path": list(EVENT_PATH),
     }
+    spark_jobs = sparklog.figures_of(spark, {f.stage: f.windows for f in b.figures.values() if f.windows})
     result = {
         "size": size.name,
         "workload": {
@@ -388,6 +389,7 @@ def run_bench(
             as_dicts(b.figures), key=lambda s: (s["stage"].startswith(GATES_OFF), s["stage"].startswith(plain.PREFIX))
         ),
         **b.extra,
+        "spark_jobs": spark_jobs,
         "wall_seconds": round(time.perf_counter() - t0, 1),
     }
     (out / "bench.json").write_text(json.dumps(result, indent=2, default=str))
