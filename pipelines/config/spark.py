@@ -286,9 +286,11 @@ def observed_as_read(df: DataFrame, **figures: Column) -> tuple[DataFrame, Calla
     """``df`` computing the aggregates ``figures`` as the first action that reads it runs
     (``DataFrame.observe``), and how to get them, by name, once such an action has run: no pass of
     their own. (Asked before, it waits for one.) Where the action did not run the observed plan
-    (Spark knew the frame empty), they are a query of their own."""
+    (Spark knew the frame empty), they are a query of their own, over the observed frame (so over
+    its cache where the caller cached it)."""
     observed = Observation(f"figures_{uuid.uuid4().hex}")
     named = [column.alias(name) for name, column in figures.items()]
+    counted = df.observe(observed, *named)
 
     def values() -> dict[str, Any]:
         try:
@@ -298,10 +300,12 @@ def observed_as_read(df: DataFrame, **figures: Column) -> tuple[DataFrame, Calla
                     return given
         except Exception:  # Spark's error for an observation the action did not run
             pass
-        row = df.agg(*named).first()  # one row: figures, not rows
+        # Over the observed frame, not ``df``: where the caller cached it, the cache answers (a
+        # query over ``df`` read and parsed ``ingest file``'s files a second time).
+        row = counted.agg(*named).first()  # one row: figures, not rows
         return row.asDict() if row else {}
 
-    return df.observe(observed, *named), values
+    return counted, values
 
 
 def _given(observed: Observation, wait: float = 2.0) -> bool:

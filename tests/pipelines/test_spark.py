@@ -155,6 +155,23 @@ def test_rows_are_counted_by_the_action_that_reads_them_through_a_cache(spark: S
         fanned.unpersist()
 
 
+def test_figures_no_action_gave_are_counted_from_the_cache_the_caller_filled(
+    spark: SparkSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pipelines.config.spark as spark_config
+
+    k, calls = counting_reads(spark, F.col("id") % 3, "long")
+    counted, values = observed_as_read(spark.range(10).withColumn("k", k), rows=F.count(F.lit(1)), total=F.sum("k"))
+    cached = counted.persist()
+    try:
+        assert cached.where("k = 0").count() == 4 and calls.value == 10  # the pass that fills the cache
+        monkeypatch.setattr(spark_config, "_given", lambda observed, wait=2.0: False)  # as if it gave none
+        assert values() == {"rows": 10, "total": 9}  # 0 + 1 + 2 + 0 + ... (id % 3 for ids 0-9)
+        assert calls.value == 10, "counted from the cache, not by computing the rows again"
+    finally:
+        cached.unpersist()
+
+
 def test_rows_of_a_frame_spark_knows_is_empty_are_counted_by_a_query_of_their_own(spark: SparkSession) -> None:
     empty, n = counted_as_read(spark.createDataFrame([], "id long"))  # the action runs no observed plan
     assert empty.collect() == [] and n() == 0
