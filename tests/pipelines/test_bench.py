@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +62,8 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any
         timeout=1800,  # a hang guard, not a timing: the bench with its peers on 2 shared cores
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # Spark's event log of the run (~0.35 GB at XS): the bench has read it.
+    shutil.rmtree(out / "spark-events", ignore_errors=True)
     return out, json.loads((out / "bench.json").read_text()), done.stdout
 
 
@@ -328,6 +331,7 @@ def test_a_pass_of_run_all_is_timed_empty_and_with_one_event_per_flow_and_in_tot
 def test_every_spark_stage_has_its_jobs_from_sparks_event_log(bench: tuple[Path, dict[str, Any], str]) -> None:
     out, result, _ = bench
     jobs = result["spark_jobs"]
+    assert jobs is not None, "the bench's session wrote no event log it could read"
     for stage in (*SPARK_STAGES[:5], "plain Spark: silver events"):
         if stage.startswith("end to end"):
             continue  # a sum of the stages' figures, not a run of its own

@@ -219,7 +219,9 @@ def bench(
         return
     out = out_dir or Path("bench-results") / (size if only is None else f"{size}-{only}")
     say_step("starting Spark")
-    if "spark.eventLog.enabled" not in state.settings.spark.conf:  # each stage's jobs, from Spark's record
+    # Each stage's jobs, from Spark's record: the full bench reads it; a Connect client has none.
+    recorded = only is None and not state.settings.spark.remote
+    if recorded and "spark.eventLog.enabled" not in state.settings.spark.conf:
         state.settings.spark.conf.update(sparklog.confs(out.resolve() / sparklog.FOLDER))
     spark = build_spark(state.settings)
     runs = repeats or {"XS": 1, "S": 2, "M": 3, "L": 1}[size]

@@ -18,13 +18,18 @@ that started inside a run's window are that run's (the bench runs one stage at a
 from __future__ import annotations
 
 import json
+import logging
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 from pyspark.sql import SparkSession
+
+log = logging.getLogger("medallion.bench")
 
 #: The event log's folder under the bench's output folder.
 FOLDER = "spark-events"
@@ -58,10 +63,10 @@ def log_file(spark: SparkSession) -> Path | None:
         return None
     if conf.get("spark.eventLog.rolling.enabled", "true") != "false":
         return None
-    folder = conf.get("spark.eventLog.dir", "")
-    if not folder.startswith("file:"):
+    url = urlparse(conf.get("spark.eventLog.dir", ""))
+    if url.scheme not in ("", "file") or not url.path:
         return None
-    base = Path(folder.removeprefix("file:").removeprefix("//")) / app
+    base = Path(url2pathname(url.path)) / app  # as_uri() wrote a space as %20
     for path in (base.with_name(base.name + ".inprogress"), base):
         if path.exists():
             return path
@@ -176,6 +181,10 @@ def figures_of(spark: SparkSession, windows: Mapping[str, Sequence[tuple[float, 
     path = log_file(spark)
     if path is None:
         return None
-    with path.open(encoding="utf-8") as lines:
-        jobs, queries = read(lines)
-    return stage_figures(jobs, queries, windows)
+    try:  # the bench's other figures must not be lost to this one
+        with path.open(encoding="utf-8", errors="replace") as lines:  # Spark may be mid-line
+            jobs, queries = read(lines)
+        return stage_figures(jobs, queries, windows)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("Spark's event log %s could not be read: %s", path, exc)
+        return None
