@@ -80,16 +80,12 @@ class Job:
     query: int | None  # the SQL execution it ran for
 
 
-@dataclass(frozen=True)
-class Query:
-    start: float
-
-
-def read(lines: Iterable[str]) -> tuple[list[Job], dict[int, Query]]:
-    """Jobs and queries from the event log's lines (JSON, one event each)."""
+def read(lines: Iterable[str]) -> tuple[list[Job], dict[int, float]]:
+    """Jobs, and each query's start (seconds since the epoch) by its SQL execution id, from the
+    event log's lines (JSON, one event each)."""
     starts: dict[int, tuple[float, int | None]] = {}
     ends: dict[int, float] = {}
-    queries: dict[int, Query] = {}
+    queries: dict[int, float] = {}
     for line in lines:
         if not line.startswith(_WANTED):  # tasks, stages, plans' updates: most of the log
             continue
@@ -104,7 +100,7 @@ def read(lines: Iterable[str]) -> tuple[list[Job], dict[int, Query]]:
         elif kind == "SparkListenerJobEnd":
             ends[event["Job ID"]] = event["Completion Time"] / 1000
         elif kind == _SQL + "SparkListenerSQLExecutionStart":
-            queries[event["executionId"]] = Query(event["time"] / 1000)
+            queries[event["executionId"]] = event["time"] / 1000
     jobs = [Job(start, ends.get(job), query) for job, (start, query) in sorted(starts.items())]
     return jobs, queries
 
@@ -119,7 +115,7 @@ def _busy(intervals: Sequence[tuple[float, float]]) -> float:
     return total
 
 
-def window_figures(jobs: Sequence[Job], queries: Mapping[int, Query], start: float, end: float) -> dict[str, float]:
+def window_figures(jobs: Sequence[Job], queries: Mapping[int, float], start: float, end: float) -> dict[str, float]:
     """What ran between ``start`` and ``end``: queries started, jobs submitted, the seconds some job
     was running (a job still running at ``end`` counts up to it) and the seconds the queries that
     ran a job spent before their first one."""
@@ -129,15 +125,15 @@ def window_figures(jobs: Sequence[Job], queries: Mapping[int, Query], start: flo
         if j.query is not None and j.query in queries:
             first[j.query] = min(first.get(j.query, j.start), j.start)
     return {
-        "queries": sum(1 for q in queries.values() if start <= q.start <= end),
+        "queries": sum(1 for q in queries.values() if start <= q <= end),
         "jobs": len(mine),
         "job_seconds": round(_busy([(j.start, min(j.end if j.end is not None else end, end)) for j in mine]), 3),
-        "before_jobs_seconds": round(sum(max(0.0, t - queries[q].start) for q, t in first.items()), 3),
+        "before_jobs_seconds": round(sum(max(0.0, t - queries[q]) for q, t in first.items()), 3),
     }
 
 
 def stage_figures(
-    jobs: Sequence[Job], queries: Mapping[int, Query], windows: Mapping[str, Sequence[tuple[float, float]]]
+    jobs: Sequence[Job], queries: Mapping[int, float], windows: Mapping[str, Sequence[tuple[float, float]]]
 ) -> dict[str, dict[str, float]]:
     """Per stage, the median over its timed runs of :func:`window_figures` and of its wall seconds;
     stages that ran no Spark job are left out."""
