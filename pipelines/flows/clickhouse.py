@@ -238,10 +238,22 @@ def property_values(run: ExportRun, config: ExportConfig, record: FlowRecord) ->
         resent = export.resend(out_seq)
         record.say(f"export: finished batch {out_seq} that a stopped run had left ({resent:,} rows)")
     prev = None if out_seq == 0 else progress_of(tables.read(EXPORT_OUTBOX, where=f"export_seq = {out_seq}"))
-    if prev is not None and prev.gold_version == tables.version(GOLD_PROPERTY_VALUES) and not run.options.drain:
+    version = tables.version(GOLD_PROPERTY_VALUES)
+    if prev is not None and prev.gold_version == version and not run.options.drain:
         record.noop(f"gold has not changed since export batch {out_seq}")
         return
     seq = out_seq + 1
+    # Planned whole where gold's commits since the last batch wrote few rows (the first: not known).
+    changed = None
+    if prev is not None and version is not None and version > prev.gold_version:
+        changed = tables.written_rows(GOLD_PROPERTY_VALUES, prev.gold_version + 1, version)
+    with run.small(changed):
+        _export(export, seq, prev, record)
+
+
+def _export(export: PropertyValuesExport, seq: int, prev: ExportProgress | None, record: FlowRecord) -> None:
+    """Batch ``seq`` cut, gated, written to the outbox, sent and recorded (:func:`property_values`)."""
+    run, tables = export.run, export.tables
     batch = export.next_batch(seq, prev)
     if isinstance(batch, str):
         record.noop(batch)

@@ -13,6 +13,7 @@ the code cached, whatever way the run ends.
 
 from __future__ import annotations
 
+from pipelines.config.spark import small_increment
 from pipelines.runtime import quality
 from pipelines.runtime.eventlog import RunRecord
 from pipelines.runtime.flow_types import DeclaredTables, ExportRun, Flow, FlowRecord, RunOptions
@@ -36,6 +37,7 @@ def run_export(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
             DeclaredTables(ctx.store, flow.name, declared),
             RunOptions(None, options.drain),
             lambda table, df, txn: quality.gate_in_write(ctx, record, table, df, txn),
+            lambda rows: small_increment(ctx.spark, ctx.settings, rows),
         )
         try:
             code(run, config, figures)

@@ -12,7 +12,7 @@ and the registry can import it without a cycle.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, Generic, Literal, TypeVar
@@ -348,6 +348,9 @@ class DeclaredTables:
     def inserted_stats(self, spec: TableSpec, start: int, end: int) -> AddedStats | None:
         return self._store.inserted_stats(self._mine(spec), start, end)
 
+    def written_rows(self, spec: TableSpec, start: int, end: int) -> int | None:
+        return self._store.written_rows(self._mine(spec), start, end)
+
     def version(self, spec: TableSpec) -> int | None:
         return self._store.version(self._mine(spec))
 
@@ -396,6 +399,9 @@ class ExportRun:
     #: The gate of a frame written under ``txn`` by a table's (or dataset's) suite, checked by
     #: the write where the suite allows (:func:`pipelines.runtime.quality.gate_in_write`).
     gate: Callable[[str, DataFrame, AppTxn], WriteGate]
+    #: A block that handles a batch of so many source rows (None: not known), its queries planned
+    #: whole where that is small (:func:`pipelines.config.spark.small_increment`).
+    small: Callable[[int | None], AbstractContextManager[None]] = lambda _: nullcontext()
 
 
 T = TypeVar("T")

@@ -31,6 +31,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from pipelines.config.layers import bucket_mapping
+from pipelines.config.spark import small_increment
 from pipelines.runtime import quality
 from pipelines.runtime.eventlog import RunRecord
 from pipelines.runtime.flow_types import (
@@ -119,11 +120,11 @@ def gated_append(
     return gated.write(lambda rows: write(ctx, flow, rows, txn, buckets))
 
 
-def _adds_no_rows(store: TableStore, inc: Increment) -> bool:
-    """Whether the log's statistics show that ``inc``'s commits added no row, with no Spark job
-    (False where they do not say)."""
-    added = store.inserted_stats(inc.source, inc.start, inc.end)
-    return added is not None and not added.rows
+def _added_rows(store: TableStore, inc: Increment | None) -> int | None:
+    """The rows ``inc``'s commits added, by the log's statistics, with no Spark job (None where
+    they do not say)."""
+    added = store.inserted_stats(inc.source, inc.start, inc.end) if inc is not None else None
+    return added.rows if added is not None else None
 
 
 def run_incremental(ctx: Context, flow: Flow, options: RunOptions, handoff: Handoff | None = None) -> RunRecord:
@@ -151,31 +152,33 @@ def run_incremental(ctx: Context, flow: Flow, options: RunOptions, handoff: Hand
         figures = FlowRecord(record, ctx.say, _cached=cached, _suite_params=params)
         handed_off = False
         try:
-            kept = handoff.take(ctx.store, inc) if handoff is not None and flow.reads == "inserts" else None
-            if kept is not None:
-                rows = kept
-            elif flow.reads == "inserts":
-                rows = inc.read(ctx.store)
-            else:
-                rows = ctx.store.read_changes(source, inc.start, inc.end)
-            if kept is None and buckets and "bucket" in source.schema.fieldNames():  # a split run's rows only
-                rows = rows.where(F.col("bucket").isin(*sorted(set(buckets))))
-            run = RunOptions(buckets, options.drain)
-            out = transform(Batch(rows, inc.start, inc.end, run, declared(ctx, flow), source), config, figures)
-            if target.key not in flow.gated:
-                version = write(ctx, flow, out, inc.txn, buckets, figures)
-            elif not isinstance(flow.write, Merge):  # an append checks its rows as it writes them, where it can
-                version = gated_append(ctx, record, flow, out, inc.txn, buckets, params)
-            else:
-                out = gate_rows(ctx, record, target.key, out, inc.txn, params)
-                version = write(ctx, flow, out, inc.txn, buckets, figures)
-            if flow.figures is not None:
-                flow.figures(out, config, figures)
-            record.add(source_from=inc.start, source_to=inc.end)
-            if handoff is not None and isinstance(flow.write, Append) and flow.write.hands_off:
-                handoff.keep(target, version, out, cached)
-                cached.clear()  # the handoff's to release now
-                handed_off = True
+            # Planned whole where the increment is small (one job per query, no re-planning).
+            with small_increment(ctx.spark, ctx.settings, _added_rows(ctx.store, inc)):
+                kept = handoff.take(ctx.store, inc) if handoff is not None and flow.reads == "inserts" else None
+                if kept is not None:
+                    rows = kept
+                elif flow.reads == "inserts":
+                    rows = inc.read(ctx.store)
+                else:
+                    rows = ctx.store.read_changes(source, inc.start, inc.end)
+                if kept is None and buckets and "bucket" in source.schema.fieldNames():  # a split run's rows only
+                    rows = rows.where(F.col("bucket").isin(*sorted(set(buckets))))
+                run = RunOptions(buckets, options.drain)
+                out = transform(Batch(rows, inc.start, inc.end, run, declared(ctx, flow), source), config, figures)
+                if target.key not in flow.gated:
+                    version = write(ctx, flow, out, inc.txn, buckets, figures)
+                elif not isinstance(flow.write, Merge):  # an append checks its rows as it writes them, where it can
+                    version = gated_append(ctx, record, flow, out, inc.txn, buckets, params)
+                else:
+                    out = gate_rows(ctx, record, target.key, out, inc.txn, params)
+                    version = write(ctx, flow, out, inc.txn, buckets, figures)
+                if flow.figures is not None:
+                    flow.figures(out, config, figures)
+                record.add(source_from=inc.start, source_to=inc.end)
+                if handoff is not None and isinstance(flow.write, Append) and flow.write.hands_off:
+                    handoff.keep(target, version, out, cached)
+                    cached.clear()  # the handoff's to release now
+                    handed_off = True
         finally:
             figures.release()
             if handoff is not None and not handed_off:
@@ -330,16 +333,17 @@ def run_stateful(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
             fresh = run == 1 and ctx.store.version(state_table) == 0
             done = None if fresh else rules.done(state)
             inc = after(ctx.store, source, done, app)
-            if inc is not None and _adds_no_rows(ctx.store, inc):
+            added = _added_rows(ctx.store, inc)
+            if inc is not None and added == 0:
                 inc = None  # commits of no rows (the source's creation): nothing new to read
             if inc is None and not (options.drain and not fresh and rules.buffered(state).limit(1).count()):
                 record.noop(f"no new rows in {source.key}" + (" and nothing buffered" if options.drain else ""))
                 return
             rows = inc.read(ctx.store) if inc else None
-            step = transform(
-                StateBatch(state, rows, inc.end if inc else done, run, RunOptions(None, options.drain)), config, figures
-            )
-            ctx.store.overwrite(state_table, step.state, [txn])
+            with small_increment(ctx.spark, ctx.settings, added if inc is not None else None):
+                batch = StateBatch(state, rows, inc.end if inc else done, run, RunOptions(None, options.drain))
+                step = transform(batch, config, figures)
+                ctx.store.overwrite(state_table, step.state, [txn])
             if inc is not None:
                 record.add(source_from=inc.start, source_to=inc.end)
         finally:

@@ -272,7 +272,18 @@ class TableStore(ABC):
             return None
         try:
             return self.files.added_stats(self.path(spec), start_version, end_version, spec.schema)
-        except (StorageError, ValueError, TypeError, KeyError):  # a commit gone, statistics unread
+        except (StorageError, OSError, ValueError, TypeError, KeyError):  # a commit gone or unread, statistics unread
+            return None
+
+    def written_rows(self, spec: TableSpec, start_version: int, end_version: int) -> int | None:
+        """The rows in the files commits ``start..end`` added, a MERGE's rewritten files whole (a
+        measure of what a read of their changes handles), from the log with no Spark job. None where
+        the log does not say it cheaply, as for :meth:`inserted_stats`."""
+        if not self.streams_commit_files(spec) or end_version - start_version + 1 > STATS_COMMITS:
+            return None
+        try:
+            return self.files.written_rows(self.path(spec), start_version, end_version)
+        except (StorageError, OSError, ValueError, TypeError, KeyError):  # a commit gone or unread, statistics unread
             return None
 
     def greatest(self, spec: TableSpec, column: str, buckets: Sequence[int] | None = None) -> Greatest | None:

@@ -223,13 +223,40 @@ class TableFiles:
         """The rows commits ``start..end`` added and the earliest of each timestamp column, from
         their add actions' statistics (no file is opened); None when the commits do not say it: a
         commit that removed rows or wrote change files, or an added file without statistics."""
+        added = self._added_files(table_uri, start, end, rewrites=False)
+        if added is None:
+            return None
         times = [f.name for f in schema.fields if isinstance(f.dataType, TimestampType)]
-        rows = 0
         earliest: dict[str, datetime] = {}
         unbounded: set[str] = set()
+        for stats in added:
+            if not stats["numRecords"]:
+                continue
+            mins, nulls = stats.get("minValues") or {}, stats.get("nullCount") or {}
+            for name in times:
+                if mins.get(name) is not None:
+                    low = _timestamp(mins[name])
+                    earliest[name] = min(earliest.get(name, low), low)
+                elif nulls.get(name) != stats["numRecords"]:  # not only nulls (which no minimum counts)
+                    unbounded.add(name)
+        rows = sum(int(stats["numRecords"]) for stats in added)
+        return AddedStats(rows, {k: v for k, v in earliest.items() if k not in unbounded})
+
+    def written_rows(self, table_uri: str, start: int, end: int) -> int | None:
+        """The rows in the files commits ``start..end`` added, a rewrite's copied rows included and
+        removed rows not subtracted, from their add actions' statistics; None when an added file
+        has none."""
+        added = self._added_files(table_uri, start, end, rewrites=True)
+        return None if added is None else sum(int(stats["numRecords"]) for stats in added)
+
+    def _added_files(self, table_uri: str, start: int, end: int, rewrites: bool) -> list[dict[str, Any]] | None:
+        """The statistics of each data file commits ``start..end`` added; None when one has none
+        (no ``numRecords``) or, unless ``rewrites``, a commit removed rows or wrote change files."""
+        added = []
         for _, actions in self.commits(table_uri, start, end):
             for action in actions:
-                if "cdc" in action or ("remove" in action and action["remove"].get("dataChange", True)):
+                removes = "cdc" in action or ("remove" in action and action["remove"].get("dataChange", True))
+                if removes and not rewrites:
                     return None
                 add = action.get("add")
                 if add is None or not add.get("dataChange", True):
@@ -237,17 +264,8 @@ class TableFiles:
                 stats = json.loads(add["stats"]) if add.get("stats") else {}
                 if "numRecords" not in stats:
                     return None
-                rows += int(stats["numRecords"])
-                if not stats["numRecords"]:
-                    continue
-                mins, nulls = stats.get("minValues") or {}, stats.get("nullCount") or {}
-                for name in times:
-                    if mins.get(name) is not None:
-                        low = _timestamp(mins[name])
-                        earliest[name] = min(earliest.get(name, low), low)
-                    elif nulls.get(name) != stats["numRecords"]:  # not only nulls (which no minimum counts)
-                        unbounded.add(name)
-        return AddedStats(rows, {k: v for k, v in earliest.items() if k not in unbounded})
+                added.append(stats)
+        return added
 
     # -- the log ------------------------------------------------------------------------------
     def commits(self, table_uri: str, start: int, end: int) -> Iterator[tuple[int, list[dict[str, Any]]]]:

@@ -138,6 +138,37 @@ def test_interpreted_sets_its_confs_for_a_block_and_puts_the_sessions_own_back(s
         spark.conf.set("spark.sql.codegen.factoryMode", "NO_CODEGEN")
 
 
+def test_a_small_increment_is_planned_whole_over_a_partition_per_core(
+    spark: SparkSession, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipelines.config.spark import small_increment
+
+    settings = load_settings(spark={"small_increment_rows": 100})
+    cores = spark.sparkContext.defaultParallelism if hasattr(type(spark), "sparkContext") else None
+    before = (spark.conf.get("spark.sql.adaptive.enabled"), spark.conf.get("spark.sql.shuffle.partitions"))
+    spark.conf.set("spark.sql.shuffle.partitions", "64")
+    try:
+        with small_increment(spark, settings, 100):
+            assert spark.conf.get("spark.sql.adaptive.enabled") == "false"
+            assert spark.conf.get("spark.sql.shuffle.partitions") == str(cores or 64)
+            grouped = spark.range(10).groupBy((F.col("id") % 3).alias("k")).count()
+            assert grouped.count() == 3
+            grouped.explain()
+            assert "AdaptiveSparkPlan" not in capsys.readouterr().out
+        assert (spark.conf.get("spark.sql.adaptive.enabled"), spark.conf.get("spark.sql.shuffle.partitions")) == (
+            before[0],
+            "64",
+        )
+        # Over the limit, not known, or the limit 0 (never): the session plans as it did.
+        for rows, limit in ((101, 100), (None, 100), (1, 0)):
+            with small_increment(spark, load_settings(spark={"small_increment_rows": limit}), rows):
+                assert spark.conf.get("spark.sql.adaptive.enabled") == before[0]
+                assert spark.conf.get("spark.sql.shuffle.partitions") == "64"
+    finally:
+        spark.conf.set("spark.sql.adaptive.enabled", before[0])
+        spark.conf.set("spark.sql.shuffle.partitions", before[1])
+
+
 def counted_as_read(df: DataFrame) -> tuple[DataFrame, Callable[[], int]]:
     counted, values = observed_as_read(df, rows=F.count(F.lit(1)))
     return counted, lambda: int(values()["rows"])
