@@ -47,7 +47,7 @@ class SparkSettings(_Section):
         description=(
             "a flow run whose new rows are at most this many (by its source's commit statistics) "
             "plans each query whole, without adaptive execution, over one shuffle partition per core: "
-            "a 1-event pass about a seventh sooner (docs/performance.md); 0: never"
+            "a 1-event pass about a sixth sooner (docs/performance.md); 0: never"
         ),
     )
     driver_memory: str = "4g"

@@ -286,19 +286,26 @@ SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 
 
 @contextmanager
-def small_increment(spark: SparkSession, settings: Settings, rows: int | None) -> Iterator[None]:
+def small_increment(
+    spark: SparkSession, settings: Settings, rows: int | None, interpreted: bool = False
+) -> Iterator[None]:
     """A block of a flow run whose new rows are ``rows`` (None: not known): where they are at most
     ``spark.small_increment_rows``, its queries are planned whole, without adaptive execution, over
     one shuffle partition per core of the session (at most the session's own count).
 
     Adaptive execution runs each shuffle stage as a Spark job of its own and plans the rest of the
     query again after it: that pays on a large batch and only costs on a small one. A 1-event pass of
-    ``run all`` ran about a seventh sooner without it, over one partition per core
+    ``run all`` ran about a sixth sooner without it, over one partition per core
     (docs/performance.md). A partition per core, not one: a small batch's flow still reads some
     tables by time (silver's identities within the dedup horizon), and those keep every core busy.
+    With ``interpreted`` (a flow whose queries read its new rows alone), they also run interpreted:
+    Java compiled for each new query costs more than it saves on a few rows, but a query that reads
+    a table by time, which grows with the lake, wants it (docs/performance.md).
     Where the session refuses the confs (a serverless cluster may), the block runs as it is."""
     with ExitStack() as stack:
         confs = _small_increment_confs(spark, settings, rows)
+        if confs and interpreted:
+            confs.update(INTERPRETED)
         if confs:
             try:
                 stack.enter_context(session_confs(spark, confs))

@@ -119,6 +119,7 @@ FLOWS: tuple[Flow[Any], ...] = (
         figures=gold.partials_figures,
         by_bucket=True,
         gated=(GOLD_PARTIALS.key,),
+        increment_only=True,
     ),
     Flow(
         flow_names.GOLD_MERGE,

@@ -123,6 +123,9 @@ class Flow(Generic[C]):
     #: Table key -> how ``medallion validate`` reads it with the figures that tie it to its
     #: sources (a conservation check of what this flow writes).
     checks: Mapping[str, TableCheck] = field(default_factory=dict)
+    #: Its queries read the new rows alone (no lookup, no read of its target), so a small increment
+    #: runs them interpreted too (:func:`pipelines.config.spark.small_increment`).
+    increment_only: bool = False
 
     @property
     def mode(self) -> str:

@@ -153,7 +153,7 @@ def run_incremental(ctx: Context, flow: Flow, options: RunOptions, handoff: Hand
         handed_off = False
         try:
             # Planned whole where the increment is small (one job per query, no re-planning).
-            with small_increment(ctx.spark, ctx.settings, _added_rows(ctx.store, inc)):
+            with small_increment(ctx.spark, ctx.settings, _added_rows(ctx.store, inc), flow.increment_only):
                 kept = handoff.take(ctx.store, inc) if handoff is not None and flow.reads == "inserts" else None
                 if kept is not None:
                     rows = kept

@@ -169,6 +169,25 @@ def test_a_small_increment_is_planned_whole_over_a_partition_per_core(
         spark.conf.set("spark.sql.shuffle.partitions", before[1])
 
 
+def test_a_small_increment_of_a_flow_reading_its_new_rows_alone_also_runs_interpreted(spark: SparkSession) -> None:
+    from pipelines.config.spark import small_increment
+
+    settings = load_settings(spark={"small_increment_rows": 100})
+    spark.conf.set("spark.sql.codegen.wholeStage", "true")
+    try:
+        with small_increment(spark, settings, 1, interpreted=True):
+            assert spark.conf.get("spark.sql.codegen.wholeStage") == "false"
+            assert spark.conf.get("spark.sql.codegen.factoryMode") == "NO_CODEGEN"
+        assert spark.conf.get("spark.sql.codegen.wholeStage") == "true"
+        with small_increment(spark, settings, 1):  # a flow that also reads tables as they are now
+            assert spark.conf.get("spark.sql.codegen.wholeStage") == "true"
+        with small_increment(spark, settings, 101, interpreted=True):  # not small
+            assert spark.conf.get("spark.sql.codegen.wholeStage") == "true"
+    finally:
+        spark.conf.set("spark.sql.codegen.wholeStage", "false")
+        spark.conf.set("spark.sql.codegen.factoryMode", "NO_CODEGEN")
+
+
 def counted_as_read(df: DataFrame) -> tuple[DataFrame, Callable[[], int]]:
     counted, values = observed_as_read(df, rows=F.count(F.lit(1)))
     return counted, lambda: int(values()["rows"])
