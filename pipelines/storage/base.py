@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -28,6 +28,8 @@ from pyspark.sql.types import StructType
 from pipelines.errors import InputError, StorageError
 from pipelines.storage.conform import conform
 from pipelines.storage.parquet_files import AddedStats, TableFiles
+
+T = TypeVar("T")
 
 CDF_PROPERTY = "delta.enableChangeDataFeed"
 CHANGE_TYPE = "_change_type"
@@ -268,21 +270,30 @@ class TableStore(ABC):
         job. None where the log does not say it cheaply: a table read through a catalog, a range of
         more than :data:`STATS_COMMITS` commits (one log file each), a commit that removed rows or
         wrote change files, an added file without statistics, a commit no longer in the log."""
-        if not self.streams_commit_files(spec) or end_version - start_version + 1 > STATS_COMMITS:
-            return None
-        try:
-            return self.files.added_stats(self.path(spec), start_version, end_version, spec.schema)
-        except (StorageError, OSError, ValueError, TypeError, KeyError):  # a commit gone or unread, statistics unread
-            return None
+        return self._from_log(
+            spec,
+            start_version,
+            end_version,
+            lambda uri: self.files.added_stats(uri, start_version, end_version, spec.schema),
+        )
 
     def written_rows(self, spec: TableSpec, start_version: int, end_version: int) -> int | None:
         """The rows in the files commits ``start..end`` added, a MERGE's rewritten files whole (a
         measure of what a read of their changes handles), from the log with no Spark job. None where
         the log does not say it cheaply, as for :meth:`inserted_stats`."""
+        return self._from_log(
+            spec, start_version, end_version, lambda uri: self.files.written_rows(uri, start_version, end_version)
+        )
+
+    def _from_log(
+        self, spec: TableSpec, start_version: int, end_version: int, read: Callable[[str], T | None]
+    ) -> T | None:
+        """``read`` of the table's folder, where its log says commits ``start..end`` cheaply (a table
+        by path, at most :data:`STATS_COMMITS` commits), else None; None too where it could not."""
         if not self.streams_commit_files(spec) or end_version - start_version + 1 > STATS_COMMITS:
             return None
         try:
-            return self.files.written_rows(self.path(spec), start_version, end_version)
+            return read(self.path(spec))
         except (StorageError, OSError, ValueError, TypeError, KeyError):  # a commit gone or unread, statistics unread
             return None
 
