@@ -107,7 +107,7 @@ def without_repeats(batch: Batch, horizon: timedelta, record: FlowRecord) -> Cal
         # A run over every bucket takes all the rows its commits added, so their statistics give
         # its earliest time (to the millisecond Delta keeps, rounded down); a run over some buckets
         # asks its own rows, so what it checks never depends on another bucket's events.
-        added = None if batch.options.buckets else batch.added()
+        added = None if batch.options.buckets else batch.added
         if added is not None and ("timestamp" in added.earliest or not added.rows):
             earliest = added.earliest.get("timestamp")
         else:  # one row: the batch's earliest event time (Spark gives it in local time)

@@ -156,16 +156,11 @@ class Batch:
     end: int
     options: RunOptions
     tables: DeclaredTables
-    #: The table the rows were added to (None: the rows are not one range of its commits).
-    source: TableSpec | None = None
-
-    def added(self) -> AddedStats | None:
-        """What the statistics of the source files of ``rows`` say of them, with no Spark job
-        (:meth:`pipelines.storage.TableStore.inserted_stats`; None where they do not say): bounds,
-        not figures, when the run keeps some of those rows only (a run over some buckets)."""
-        if self.source is None:
-            return None
-        return self.tables.inserted_stats(self.source, self.start, self.end)
+    #: What the statistics of the source files of ``rows`` say of them, read by the runner with no
+    #: Spark job (:meth:`pipelines.storage.TableStore.inserted_stats`; None where they do not say,
+    #: or the rows are not one range of the source's commits): bounds, not figures, when the run
+    #: keeps some of those rows only (a run over some buckets).
+    added: AddedStats | None = None
 
     def read(self, spec: TableSpec, where: str | None = None) -> DataFrame:
         """A declared table as it is now (a lookup, never a source of increments)."""
@@ -347,9 +342,6 @@ class DeclaredTables:
 
     def read_changes(self, spec: TableSpec, start: int, end: int | None = None) -> DataFrame:
         return self._store.read_changes(self._mine(spec), start, end)
-
-    def inserted_stats(self, spec: TableSpec, start: int, end: int) -> AddedStats | None:
-        return self._store.inserted_stats(self._mine(spec), start, end)
 
     def written_rows(self, spec: TableSpec, start: int, end: int) -> int | None:
         return self._store.written_rows(self._mine(spec), start, end)

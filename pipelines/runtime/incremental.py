@@ -153,7 +153,8 @@ def run_incremental(ctx: Context, flow: Flow, options: RunOptions, handoff: Hand
         handed_off = False
         try:
             # Planned whole where the increment is small (one job per query, no re-planning).
-            with small_increment(ctx.spark, ctx.settings, _added_rows(ctx.store, inc), flow.increment_only):
+            added = ctx.store.inserted_stats(source, inc.start, inc.end)  # the log's, read once
+            with small_increment(ctx.spark, ctx.settings, added.rows if added else None, flow.increment_only):
                 kept = handoff.take(ctx.store, inc) if handoff is not None and flow.reads == "inserts" else None
                 if kept is not None:
                     rows = kept
@@ -164,7 +165,7 @@ def run_incremental(ctx: Context, flow: Flow, options: RunOptions, handoff: Hand
                 if kept is None and buckets and "bucket" in source.schema.fieldNames():  # a split run's rows only
                     rows = rows.where(F.col("bucket").isin(*sorted(set(buckets))))
                 run = RunOptions(buckets, options.drain)
-                out = transform(Batch(rows, inc.start, inc.end, run, declared(ctx, flow), source), config, figures)
+                out = transform(Batch(rows, inc.start, inc.end, run, declared(ctx, flow), added), config, figures)
                 if target.key not in flow.gated:
                     version = write(ctx, flow, out, inc.txn, buckets, figures)
                 elif not isinstance(flow.write, Merge):  # an append checks its rows as it writes them, where it can
