@@ -206,3 +206,41 @@ def test_a_run_over_buckets_overlapping_another_split_is_refused_not_counted_twi
     rest = [passes.silver_events(ctx, [2]), passes.silver_events(ctx, list(range(3, ctx.settings.buckets.count)))]
     assert uuids(ctx.store, SILVER_EVENTS) == uuids(ctx.store, BRONZE_EVENTS) and len(landed) < 60
     assert sum(r.rows_out for r in rest) == 60 - len(landed)
+
+
+@pytest.mark.parametrize("limit", [10, 9])
+def test_a_small_increment_is_written_planned_whole_and_stage_one_interpreted(
+    spark: SparkSession,
+    engine_settings: Callable[..., Settings],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    limit: int,
+) -> None:
+    # 10 new events: at most a limit of 10 rows is small (planned whole), over 9 is not.
+    settings = engine_settings(tmp_path / "lake", spark={"small_increment_rows": limit})
+    ctx = Context(settings=settings, spark=spark, store=open_store(settings, spark))
+    seen: dict[str, tuple[str, str]] = {}
+    real_append = type(ctx.store).append
+
+    def append(store: TableStore, spec: TableSpec, *args: object, **kwargs: object) -> int:
+        confs = ("spark.sql.adaptive.enabled", "spark.sql.codegen.wholeStage")
+        seen.setdefault(spec.key, tuple(spark.conf.get(c) for c in confs))  # type: ignore[arg-type]
+        return real_append(store, spec, *args, **kwargs)  # type: ignore[arg-type]
+
+    before = (spark.conf.get("spark.sql.adaptive.enabled"), spark.conf.get("spark.sql.codegen.wholeStage"))
+    spark.conf.set("spark.sql.codegen.wholeStage", "true")  # the test session runs interpreted
+    try:
+        ingest.ingest_files(ctx, "events", [write_events(tmp_path / "a.jsonl", 1, 10)])
+        monkeypatch.setattr(type(ctx.store), "append", append)
+        passes.silver_events(ctx)
+        passes.gold_partials(ctx)
+        after = (spark.conf.get("spark.sql.adaptive.enabled"), spark.conf.get("spark.sql.codegen.wholeStage"))
+    finally:
+        spark.conf.set("spark.sql.codegen.wholeStage", before[1])
+    assert before[0] == "true" and after == (before[0], "true")  # the session's own confs, back after each run
+    if not ctx.store.streams_commit_files(BRONZE_EVENTS):  # tables by name: the log's statistics unread
+        assert seen[SILVER_EVENTS.key] == (before[0], "true")
+        return
+    small = limit >= 10
+    assert seen[SILVER_EVENTS.key] == ("false" if small else before[0], "true")
+    assert seen["gold/property_value_partials"] == ("false" if small else before[0], "false" if small else "true")
