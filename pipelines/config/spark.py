@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 import warnings
@@ -263,21 +264,45 @@ def has_delta_classes(spark: SparkSession) -> bool:
     return True
 
 
+#: The confs blocks of :func:`session_confs` hold on a session, by session and key: the value the
+#: session had before the first of them, and how many hold it. Threads may share a session (the
+#: buckets of one gold stage, on delta-rs); the last block out restores the first one's value.
+_HELD: dict[tuple[int, str], list[Any]] = {}
+_HELD_LOCK = threading.Lock()
+
+
 @contextmanager
 def session_confs(spark: SparkSession, confs: Mapping[str, str]) -> Iterator[None]:
     """``confs`` set on the session in this block; each key's own value (or its absence) comes
-    back after it."""
-    before: dict[str, str | None] = {key: spark.conf.get(key, None) for key in confs}
+    back after the last block that set it ends.
+
+    Blocks may overlap on one session (threads sharing it): each restoring what it found would
+    leave the session with a value one of them set, where the last one out restores the value the
+    session had before the first. While they overlap, the session holds the value set last."""
+    taken: list[tuple[int, str]] = []
     try:
-        for key, value in confs.items():
-            spark.conf.set(key, value)
+        with _HELD_LOCK:
+            for key, value in confs.items():
+                held = _HELD.get((id(spark), key))
+                if held is None:
+                    held = _HELD[(id(spark), key)] = [spark.conf.get(key, None), 0]
+                held[1] += 1
+                taken.append((id(spark), key))
+                spark.conf.set(key, value)
         yield
     finally:
-        for key, old in before.items():
-            if old is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, old)
+        with _HELD_LOCK:
+            for held_key in taken:
+                held = _HELD[held_key]
+                held[1] -= 1
+                if held[1]:
+                    continue
+                del _HELD[held_key]
+                old = held[0]
+                if old is None:
+                    spark.conf.unset(held_key[1])
+                else:
+                    spark.conf.set(held_key[1], old)
 
 
 #: A small increment's queries are planned whole (:func:`small_increment`).

@@ -149,12 +149,17 @@ def test_four_bucket_tasks_at_once_all_commit_first_time_and_gold_equals_the_han
             errors.append(exc)
             barrier.abort()
 
+    planning = ("spark.sql.adaptive.enabled", "spark.sql.shuffle.partitions", "spark.sql.codegen.wholeStage")
+    before = [spark.conf.get(key) for key in planning]
     threads = [threading.Thread(target=task, args=(b,), name=f"bucket-{b}") for b in range(BUCKETS)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=900)
     assert not errors, errors
+    # Each task's small increment set the planning confs on the session it shares (delta-rs): they
+    # are the session's own again once all four are done, whatever order they ended in.
+    assert [spark.conf.get(key) for key in planning] == before
     assert sorted(results) == list(range(BUCKETS))
 
     for bucket, (stage1, stage2) in results.items():

@@ -138,6 +138,32 @@ def test_interpreted_sets_its_confs_for_a_block_and_puts_the_sessions_own_back(s
         spark.conf.set("spark.sql.codegen.factoryMode", "NO_CODEGEN")
 
 
+def test_conf_blocks_that_overlap_on_a_session_leave_it_with_its_own_value(spark: SparkSession) -> None:
+    # Threads sharing a session (one gold stage's buckets on delta-rs) end their blocks in any order:
+    # here the first one in is the first one out, which left the second one's value on the session.
+    from pipelines.config.spark import session_confs
+
+    key = "spark.sql.shuffle.partitions"
+    before = spark.conf.get(key)
+    spark.conf.set(key, "7")
+    try:
+        first, second = session_confs(spark, {key: "3"}), session_confs(spark, {key: "2"})
+        first.__enter__()
+        second.__enter__()
+        assert spark.conf.get(key) == "2"  # the value set last
+        first.__exit__(None, None, None)
+        assert spark.conf.get(key) == "2"  # the second block still holds the session
+        second.__exit__(None, None, None)
+        assert spark.conf.get(key) == "7"
+        with session_confs(spark, {key: "3"}):  # a block alone, and one that fails, as before
+            assert spark.conf.get(key) == "3"
+        with pytest.raises(RuntimeError), session_confs(spark, {key: "3"}):
+            raise RuntimeError("the flow failed")
+        assert spark.conf.get(key) == "7"
+    finally:
+        spark.conf.set(key, before)
+
+
 def test_a_small_increment_is_planned_whole_over_a_partition_per_core(
     spark: SparkSession, capsys: pytest.CaptureFixture[str]
 ) -> None:
