@@ -150,29 +150,30 @@ def _pos() -> Column:
 
 def mark_stale(last_emitted: DataFrame) -> Callable[[DataFrame], DataFrame]:
     """Windowed events -> the same with ``_stale`` (rule 0): not greater than the last emitted
-    position of an earlier window of the key, from ``last_emitted`` state or this batch."""
+    position of an earlier window of the key, from ``last_emitted`` state or this batch.
+
+    Window functions over the key, not a join of per-window figures back to the events: the events
+    stay where the window assignment put them (partitioned by the key), so a run shuffles its events
+    once (rules 1-4 group by the key and more), and only the state's last positions move to them."""
 
     def transform(df: DataFrame) -> DataFrame:
         last = last_emitted.select(
             *KEY, F.struct(F.col(LAST_REV).alias("r"), F.col(LAST_TIME).alias("t")).alias("_state_last")
         )
-        per_window = df.groupBy(*KEY, WINDOW_START).agg(F.max(_pos()).alias("_window_max"))
-        earlier = Window.partitionBy(*KEY).orderBy(WINDOW_START).rowsBetween(Window.unboundedPreceding, -1)
-        bases = (
-            per_window.withColumn("_earlier_max", F.max("_window_max").over(earlier))
-            .join(last, list(KEY), "left")
-            .select(
-                *KEY,
-                WINDOW_START,
-                F.when(F.col("_state_last").isNull(), F.col("_earlier_max"))
-                .when(F.col("_earlier_max").isNull(), F.col("_state_last"))
-                .otherwise(F.greatest("_state_last", "_earlier_max"))
-                .alias("_base"),
-            )
+        # The greatest position among the key's events of windows that open before this one.
+        earlier = (
+            Window.partitionBy(*KEY)
+            .orderBy(F.unix_micros(WINDOW_START))
+            .rangeBetween(Window.unboundedPreceding, -1)
         )
-        joined = df.join(bases, [*KEY, WINDOW_START], "left")
-        stale = F.col("_base").isNotNull() & (_pos() <= F.col("_base"))
-        return joined.withColumn("_stale", F.coalesce(stale, F.lit(False))).drop("_base")
+        based = df.withColumn("_earlier_max", F.max(_pos()).over(earlier)).join(last, list(KEY), "left")
+        base = (
+            F.when(F.col("_state_last").isNull(), F.col("_earlier_max"))
+            .when(F.col("_earlier_max").isNull(), F.col("_state_last"))
+            .otherwise(F.greatest("_state_last", "_earlier_max"))
+        )
+        stale = base.isNotNull() & (_pos() <= base)
+        return based.withColumn("_stale", F.coalesce(stale, F.lit(False))).drop("_earlier_max", "_state_last")
 
     return transform
 
