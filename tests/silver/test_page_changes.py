@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -14,6 +15,7 @@ from silver.page_changes import (
     PAGE_CHANGE_STATE_SCHEMA,
     SILVER_PAGE_CHANGES_SCHEMA,
     dedup_page_changes,
+    dedup_run,
     event_clock,
     next_state,
     state_events,
@@ -164,3 +166,23 @@ def test_the_state_a_run_leaves_reads_back_as_its_buffer_keys_outbox_and_progres
         state.transform(state_progress),
         spark.createDataFrame([(7, at("10:01:00"))], "bronze_version long, max_event_time timestamp"),
     )
+
+
+@pytest.mark.parametrize("mode", ["staggered", "tumbling"])
+def test_a_run_shuffles_its_events_text_once(
+    spark: SparkSession, mode: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The rules all group by the page (and more): once the events are partitioned by it, the windows,
+    # the stale rule and rules 1-4 find them where they are; only figures and state move again.
+    events = bronze_fixtures(spark).select(*EVENT_COLUMNS)
+    last = spark.createDataFrame([("testwikidatawiki", 330275, 1, at("00:00:00"))], LAST_EMITTED_SCHEMA)
+    before = spark.conf.get("spark.sql.adaptive.enabled")
+    spark.conf.set("spark.sql.adaptive.enabled", "false")  # the plan as planned, not re-planned
+    try:
+        dedup_run(events, last, mode, W, at("17:00:00")).emitted.explain(mode="formatted")
+    finally:
+        spark.conf.set("spark.sql.adaptive.enabled", before)
+    plan = capsys.readouterr().out
+    shuffled = re.findall(r"\) Exchange\nInput \[\d+\]: \[([^\]]*)\]", plan)
+    assert shuffled, plan
+    assert sum("raw#" in columns for columns in shuffled) == 1, plan
