@@ -162,9 +162,7 @@ def mark_stale(last_emitted: DataFrame) -> Callable[[DataFrame], DataFrame]:
         )
         # The greatest position among the key's events of windows that open before this one.
         earlier = (
-            Window.partitionBy(*KEY)
-            .orderBy(F.unix_micros(WINDOW_START))
-            .rangeBetween(Window.unboundedPreceding, -1)
+            Window.partitionBy(*KEY).orderBy(F.unix_micros(WINDOW_START)).rangeBetween(Window.unboundedPreceding, -1)
         )
         based = df.withColumn("_earlier_max", F.max(_pos()).over(earlier)).join(last, list(KEY), "left")
         base = (
@@ -283,6 +281,16 @@ def dedup_page_changes(mode: str, width: timedelta) -> Callable[[DataFrame], Dat
 def state_progress(state: DataFrame) -> DataFrame:
     """State rows -> the progress row (none before the first run): bronze version done, newest event time."""
     return state.where(F.col(STATE_KIND) == "progress").select("bronze_version", "max_event_time")
+
+
+def state_before(state: DataFrame) -> DataFrame:
+    """State rows -> one row: the newest event time seen (null before the first run) and how many
+    events the state buffers (``buffered``)."""
+    kind = F.col(STATE_KIND)
+    return state.agg(
+        F.max(F.when(kind == "progress", F.col("max_event_time"))).alias("max_event_time"),
+        F.count_if(kind == "event").alias("buffered"),
+    )
 
 
 def state_events(state: DataFrame) -> DataFrame:

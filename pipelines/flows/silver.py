@@ -23,6 +23,7 @@ from silver.page_changes import (
     dedup_run,
     event_clock,
     next_state,
+    state_before,
     state_counts,
     state_events,
     state_last_emitted,
@@ -194,24 +195,19 @@ META_ID = ("meta_id",)
 PAGE_CHANGE_ORDER = ("_commit_version", "source_file", "partition", "offset", "raw")
 
 
-def new_page_changes(
-    new: DataFrame, buffered: DataFrame, horizon: timedelta, record: FlowRecord
-) -> tuple[DataFrame, int, datetime | None]:
+def new_page_changes(new: DataFrame, buffered: DataFrame, horizon: timedelta) -> tuple[DataFrame, int, datetime | None]:
     """The batch's page changes without exact repeats (a ``meta.id`` landed before, in the batch or
-    buffered, within ``horizon``; 0: off), how many came in, and the newest event time among them."""
+    buffered, within ``horizon``; 0: off), how many came in, and the newest event time among them.
+
+    The two figures come from the batch's event times alone (a query that reads one column); how
+    many repeats were dropped is what the run's own counts leave over (:func:`page_change_figures`),
+    so no query marks the repeats but the run's."""
+    totals = new.agg(F.count(F.lit(1)).alias("n"), F.max("event_time").alias("t")).first()  # one row
+    n_in, batch_max = (int(totals["n"]), totals["t"]) if totals is not None else (0, None)
     if horizon:
         seen = recent_identities(buffered, META_ID)
-        new = new.transform(mark_repeats(seen, horizon, order=PAGE_CHANGE_ORDER, identity=META_ID))
-    else:
-        new = new.withColumn(REPEAT, F.lit(False))
-    # One row: the batch's figures.
-    totals = new.agg(F.count(F.lit(1)).alias("n"), F.max("event_time").alias("t"), F.sum(F.col(REPEAT).cast("long")))
-    n_in, batch_max, n_repeats = 0, None, 0
-    if (row := totals.first()) is not None:
-        n_in, batch_max, n_repeats = int(row[0]), row[1], int(row[2] or 0)
-    if horizon:
-        record.add(duplicates_dropped=n_repeats)
-    return first_copies(new).select(*EVENT_COLUMNS), n_in, batch_max
+        new = first_copies(new.transform(mark_repeats(seen, horizon, order=PAGE_CHANGE_ORDER, identity=META_ID)))
+    return new.select(*EVENT_COLUMNS), n_in, batch_max
 
 
 def page_changes(batch: StateBatch, config: PageChangeConfig, record: FlowRecord) -> StateStep:
@@ -223,12 +219,13 @@ def page_changes(batch: StateBatch, config: PageChangeConfig, record: FlowRecord
     whose window is closed is older than what the page emitted, so the rules drop it as stale.
     """
     cfg, state = config.rules, batch.state
-    progress = state.transform(state_progress).first()
-    max_seen = progress["max_event_time"] if progress else None
+    before = state.transform(state_before).first()  # one row: figures
+    max_seen = before["max_event_time"] if before else None
+    held = int(before["buffered"]) if before else 0
     buffered = state.transform(state_events)
     n_in, batch_max, events = 0, None, buffered
     if batch.rows is not None:
-        new, n_in, batch_max = new_page_changes(batch.rows, buffered, config.horizon, record)
+        new, n_in, batch_max = new_page_changes(batch.rows, buffered, config.horizon)
         events = buffered.unionByName(new)
     max_seen, watermark = event_clock(max_seen, batch_max, cfg.allowed_lateness, batch.options.drain)
     result = dedup_run(events, state.transform(state_last_emitted), cfg.mode, cfg.window, watermark)
@@ -247,6 +244,10 @@ def page_changes(batch: StateBatch, config: PageChangeConfig, record: FlowRecord
     assert parts is not None, "a global aggregate has one row"
     n_final = int(finalized["n"] or 0) if finalized else 0
     stale = int(finalized["stale"] or 0) if finalized else 0
+    if config.horizon and batch.rows is not None:
+        # The events the run windowed are the buffered ones and the batch's first copies; they end
+        # in a closed window or in the next state's buffer, so what is missing is the repeats.
+        record.add(duplicates_dropped=held + n_in - n_final - int(parts["event"]))
     page_change_figures(record, n_in, n_final, stale, parts, watermark, batch.options.drain)
     return StateStep(state_rows)
 

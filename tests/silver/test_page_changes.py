@@ -18,6 +18,7 @@ from silver.page_changes import (
     dedup_run,
     event_clock,
     next_state,
+    state_before,
     state_events,
     state_last_emitted,
     state_progress,
@@ -165,6 +166,14 @@ def test_the_state_a_run_leaves_reads_back_as_its_buffer_keys_outbox_and_progres
     assertDataFrameEqual(
         state.transform(state_progress),
         spark.createDataFrame([(7, at("10:01:00"))], "bronze_version long, max_event_time timestamp"),
+    )
+    assertDataFrameEqual(
+        state.transform(state_before),
+        spark.createDataFrame([(at("10:01:00"), 1)], "max_event_time timestamp, buffered long"),
+    )
+    assertDataFrameEqual(  # before the first run: no progress, nothing buffered
+        state.limit(0).transform(state_before),
+        spark.createDataFrame([(None, 0)], "max_event_time timestamp, buffered long"),
     )
 
 
