@@ -228,7 +228,9 @@ def apply_merge_rules() -> Callable[[DataFrame], DataFrame]:
 class DedupResult:
     """What one run produces: rows to emit, events to keep buffered, and the new state."""
 
-    windowed: DataFrame  # every event of the run with its window and whether it is closed
+    #: Every event of the run with its window, whether it is closed (``_closed``) and, for one that
+    #: is, whether rule 0 drops it (``_stale``; :func:`window_counts` counts them)
+    windowed: DataFrame
     emitted: DataFrame  # silver/page_changes rows of the windows closed in this run
     buffered: DataFrame  # events of windows still open, with their windows
     last_emitted: DataFrame  # LAST_EMITTED_SCHEMA, for every key (old and updated)
@@ -248,10 +250,12 @@ def dedup_run(
     """
     windowed = events.select(*EVENT_COLUMNS).transform(assign_windows(mode, width))
     closed = F.lit(True) if watermark is None else F.col(WINDOW_END) <= F.lit(watermark)
-    marked = windowed.withColumn("_closed", closed)
-    finalized = marked.where("_closed").transform(mark_stale(last_emitted))
+    # Rule 0 over every event: a key's closed windows all open before its open ones, so the events
+    # of an open window change no closed event's mark (and are marked again when it closes).
+    marked = windowed.withColumn("_closed", closed).transform(mark_stale(last_emitted))
+    finalized = marked.where("_closed")
     emitted = finalized.where(~F.col("_stale")).transform(apply_merge_rules())
-    buffered = marked.where(~F.col("_closed")).drop("_closed")
+    buffered = marked.where(~F.col("_closed")).drop("_closed", "_stale")
     updates = emitted.groupBy(*KEY).agg(F.max(_pos()).alias("_p"))
     merged_state = (
         last_emitted.join(updates, list(KEY), "full_outer")
@@ -316,15 +320,16 @@ def event_clock(
     return newest, None if drain or newest is None else newest - lateness
 
 
-def state_counts() -> list[Column]:
-    """Aggregates of a next state (:func:`next_state`, open events still with their windows) ->
-    its outbox rows (``emit``), its open-window events (``event``), their windows and its rows."""
-    kind = F.col(STATE_KIND)
-    window = F.struct("wiki_id", "page_id", WINDOW_START)
+def window_counts() -> list[Column]:
+    """Aggregates of a run's windowed events (:attr:`DedupResult.windowed`) -> the events of closed
+    windows (``closed``) and how many of them rule 0 drops (``stale``), the events of open windows
+    (``open``, the next state's buffer) and those windows (``windows``)."""
+    closed = F.col("_closed")
     return [
-        *(F.count(F.when(kind == k, 1)).alias(k) for k in ("emit", "event")),
-        F.count_distinct(F.when(kind == "event", window)).alias("windows"),
-        F.count(F.lit(1)).alias("rows"),
+        F.count_if(closed).alias("closed"),
+        F.count_if(closed & F.col("_stale")).alias("stale"),
+        F.count_if(~closed).alias("open"),
+        F.count_distinct(F.when(~closed, F.struct(*KEY, WINDOW_START))).alias("windows"),
     ]
 
 

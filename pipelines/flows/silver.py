@@ -24,10 +24,10 @@ from silver.page_changes import (
     event_clock,
     next_state,
     state_before,
-    state_counts,
     state_events,
     state_last_emitted,
     state_progress,
+    window_counts,
 )
 
 
@@ -229,34 +229,42 @@ def page_changes(batch: StateBatch, config: PageChangeConfig, record: FlowRecord
         events = buffered.unionByName(new)
     max_seen, watermark = event_clock(max_seen, batch_max, cfg.allowed_lateness, batch.options.drain)
     result = dedup_run(events, state.transform(state_last_emitted), cfg.mode, cfg.window, watermark)
-    # Several actions read these; caching them keeps each step computed once.
-    for df in (result.windowed, result.finalized):
-        record.cache(df)
-    finalized = (
-        result.finalized.groupBy()
-        .agg(F.count(F.lit(1)).alias("n"), F.sum(F.col("_stale").cast("int")).alias("stale"))
-        .first()
-    )
+    # The marked events feed the figures, the outbox and the buffer: cached, and filled by the one
+    # query of the run's figures.
+    record.cache(result.windowed)
+    counts = result.windowed.agg(*window_counts()).first()  # one row: figures
+    assert counts is not None, "a global aggregate has one row"
     emitted = record.gate(SILVER_PAGE_CHANGES.key, record.cache(result.emitted))
-    # The next state, computed once: one query counts its parts, and the state write reads it.
-    state_rows = record.cache(next_state(result.buffered, result.last_emitted, emitted, max_seen, batch.end))
-    parts = state_rows.agg(*state_counts()).first()
-    assert parts is not None, "a global aggregate has one row"
-    n_final = int(finalized["n"] or 0) if finalized else 0
-    stale = int(finalized["stale"] or 0) if finalized else 0
+    n_emitted = record.gated_rows(SILVER_PAGE_CHANGES.key)
+    if n_emitted is None:  # no gate counted them: one count over the cache
+        n_emitted = emitted.count()
     if config.horizon and batch.rows is not None:
         # The events the run windowed are the buffered ones and the batch's first copies; they end
         # in a closed window or in the next state's buffer, so what is missing is the repeats.
-        record.add(duplicates_dropped=held + n_in - n_final - int(parts["event"]))
-    page_change_figures(record, n_in, n_final, stale, parts, watermark, batch.options.drain)
-    return StateStep(state_rows)
+        record.add(duplicates_dropped=held + n_in - int(counts["closed"]) - int(counts["open"]))
+    page_change_figures(record, n_in, n_emitted, counts, watermark, batch.options.drain)
+    # The next state is computed by its write alone (no cache, no pass of its own): the write
+    # counts its rows, recorded once it is done.
+    state_rows = record.observe(
+        STATE_ROWS, next_state(result.buffered, result.last_emitted, emitted, max_seen, batch.end), n=F.count("*")
+    )
+
+    def written(_: int) -> None:
+        record.add(state_rows=int(record.observed(STATE_ROWS).get("n") or 0))
+
+    return StateStep(state_rows, published=written)
+
+
+#: The observation of a page-change run's next state as its write reads it (:func:`page_changes`).
+STATE_ROWS = "state_rows"
 
 
 def page_change_figures(
-    record: FlowRecord, n_in: int, n_final: int, stale: int, parts: Row, watermark: datetime | None, drain: bool
+    record: FlowRecord, n_in: int, n_emitted: int, counts: Row, watermark: datetime | None, drain: bool
 ) -> None:
-    """A page-change run's figures and progress line, from the counts of its next state (``parts``)."""
-    n_emitted, buffered_events, open_windows = (int(parts[k]) for k in ("emit", "event", "windows"))
+    """A page-change run's figures and progress line, from the counts of its windowed events
+    (``counts``: :func:`silver.page_changes.window_counts`) and the rows it emitted."""
+    n_final, stale, buffered_events, open_windows = (int(counts[k]) for k in ("closed", "stale", "open", "windows"))
     record.rows(n_in, n_emitted)
     record.add(
         input_events=n_in,
@@ -266,7 +274,6 @@ def page_change_figures(
         deduplicated=n_final - n_emitted - stale,
         open_windows=open_windows,
         buffered_events=buffered_events,
-        state_rows=int(parts["rows"]),
     )
     if watermark is not None:
         record.add(watermark_epoch_s=watermark.timestamp())

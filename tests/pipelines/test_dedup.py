@@ -22,7 +22,7 @@ from pipelines.dev.services import KafkaBroker
 from pipelines.runtime import ingest, passes
 from pipelines.runtime.eventlog import PIPELINE_EVENTS
 from pipelines.runtime.runner import Context
-from pipelines.runtime.tables import SILVER_EVENTS, SILVER_PAGE_CHANGES
+from pipelines.runtime.tables import SILVER_EVENTS, SILVER_PAGE_CHANGE_STATE, SILVER_PAGE_CHANGES
 from pipelines.storage import TableSpec, TableStore, open_store
 from tests.infra.common import unique_name
 from tests.pipelines.test_export import clickhouse_state, event, gold_state, write
@@ -272,9 +272,13 @@ def test_a_page_change_repeating_one_buffered_in_an_open_window_is_dropped_and_c
         ctx = make_ctx(spark, tmp_path / lake, engine)
         ingest.ingest_files(ctx, "page_changes", [tmp_path / "all.jsonl"])
         runs = [passes.silver_page_changes(ctx)]
+        # The state's rows, as the run's figure gives them (counted by its write) and as the table holds them.
+        states = [(runs[0].metrics["state_rows"], ctx.store.read(SILVER_PAGE_CHANGE_STATE).count())]
         if retry:
             ingest.ingest_files(ctx, "page_changes", [tmp_path / "retry.jsonl"])
         runs += [passes.silver_page_changes(ctx), passes.silver_page_changes(ctx, drain=True)]
+        states.append((runs[-1].metrics["state_rows"], ctx.store.read(SILVER_PAGE_CHANGE_STATE).count()))
+        assert all(figure == held for figure, held in states), states
         rows = ctx.store.read(SILVER_PAGE_CHANGES).drop("raw").collect()
         return sorted(tuple(r) for r in rows), runs
 
