@@ -234,7 +234,7 @@ class DedupResult:
     emitted: DataFrame  # silver/page_changes rows of the windows closed in this run
     buffered: DataFrame  # events of windows still open, with their windows
     last_emitted: DataFrame  # LAST_EMITTED_SCHEMA, for every key (old and updated)
-    finalized: DataFrame  # events of the closed windows with their ``_stale`` flag, for metrics
+    finalized: DataFrame  # events of the closed windows with their ``_stale`` flag
 
 
 def dedup_run(

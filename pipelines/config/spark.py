@@ -278,7 +278,9 @@ def session_confs(spark: SparkSession, confs: Mapping[str, str]) -> Iterator[Non
 
     Blocks may overlap on one session (threads sharing it): each restoring what it found would
     leave the session with a value one of them set, where the last one out restores the value the
-    session had before the first. While they overlap, the session holds the value set last."""
+    session had before the first. While they overlap, the session holds the value set last (a block
+    inside another that sets a key to another value leaves its value until the outer one ends).
+    Blocks are counted by the session object (``id``): one Python session, one count."""
     taken: list[tuple[int, str]] = []
     try:
         with _HELD_LOCK:
@@ -292,17 +294,24 @@ def session_confs(spark: SparkSession, confs: Mapping[str, str]) -> Iterator[Non
         yield
     finally:
         with _HELD_LOCK:
-            for held_key in taken:
+            restore: list[tuple[str, str | None]] = []
+            for held_key in taken:  # every count given back first: a restore that fails leaks none
                 held = _HELD[held_key]
                 held[1] -= 1
-                if held[1]:
-                    continue
-                del _HELD[held_key]
-                old = held[0]
-                if old is None:
-                    spark.conf.unset(held_key[1])
-                else:
-                    spark.conf.set(held_key[1], old)
+                if not held[1]:
+                    del _HELD[held_key]
+                    restore.append((held_key[1], held[0]))
+            failed: Exception | None = None
+            for key, old in restore:
+                try:
+                    if old is None:
+                        spark.conf.unset(key)
+                    else:
+                        spark.conf.set(key, old)
+                except Exception as exc:  # the others still restored; the first error raised
+                    failed = failed or exc
+            if failed is not None:
+                raise failed
 
 
 #: A small increment's queries are planned whole (:func:`small_increment`).
@@ -360,17 +369,17 @@ def interpreted(spark: SparkSession) -> AbstractContextManager[None]:
     return session_confs(spark, INTERPRETED)
 
 
-def observed_as_read(df: DataFrame, **figures: Column) -> tuple[DataFrame, Callable[[], dict[str, Any]]]:
+def observed_as_read(df: DataFrame, **figures: Column) -> tuple[DataFrame, Callable[..., dict[str, Any]]]:
     """``df`` computing the aggregates ``figures`` as the first action that reads it runs
     (``DataFrame.observe``), and how to get them, by name, once such an action has run: no pass of
     their own. (Asked before, it waits for one.) Where the action did not run the observed plan
     (Spark knew the frame empty), they are a query of their own, over the observed frame (so over
-    its cache where the caller cached it)."""
+    its cache where the caller cached it); asked with ``query=False``, none then."""
     observed = Observation(f"figures_{uuid.uuid4().hex}")
     named = [column.alias(name) for name, column in figures.items()]
     counted = df.observe(observed, *named)
 
-    def values() -> dict[str, Any]:
+    def values(query: bool = True) -> dict[str, Any]:
         try:
             if _given(observed):
                 given = dict(observed.get)
@@ -378,6 +387,8 @@ def observed_as_read(df: DataFrame, **figures: Column) -> tuple[DataFrame, Calla
                     return given
         except Exception:  # Spark's error for an observation the action did not run
             pass
+        if not query:
+            return {}
         # Over the observed frame, not ``df``: where the caller cached it, the cache answers (a
         # query over ``df`` read and parsed ``ingest file``'s files a second time).
         row = counted.agg(*named).first()  # one row: figures, not rows

@@ -200,8 +200,8 @@ def new_page_changes(new: DataFrame, buffered: DataFrame, horizon: timedelta) ->
     buffered, within ``horizon``; 0: off), how many came in, and the newest event time among them.
 
     The two figures come from the batch's event times alone (a query that reads one column); how
-    many repeats were dropped is what the run's own counts leave over (:func:`page_change_figures`),
-    so no query marks the repeats but the run's."""
+    many repeats were dropped is what the run's own counts leave over (:func:`page_changes`), so no
+    query marks the repeats but the run's."""
     totals = new.agg(F.count(F.lit(1)).alias("n"), F.max("event_time").alias("t")).first()  # one row
     n_in, batch_max = (int(totals["n"]), totals["t"]) if totals is not None else (0, None)
     if horizon:
@@ -250,7 +250,10 @@ def page_changes(batch: StateBatch, config: PageChangeConfig, record: FlowRecord
     )
 
     def written(_: int) -> None:
-        record.add(state_rows=int(record.observed(STATE_ROWS).get("n") or 0))
+        # After the write, the run's caches released: a figure the write did not give is left out
+        # (counted again, it would read the state this run wrote).
+        if (rows := record.observed(STATE_ROWS, query=False).get("n")) is not None:
+            record.add(state_rows=int(rows))
 
     return StateStep(state_rows, published=written)
 

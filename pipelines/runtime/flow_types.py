@@ -249,7 +249,7 @@ class FlowRecord:
     _cached: list[DataFrame] = field(default_factory=list)
     #: The runner's: what the target's suite takes from this batch (:meth:`check_with`).
     _suite_params: dict[str, Any] = field(default_factory=dict)
-    _observed: dict[str, Callable[[], dict[str, Any]]] = field(default_factory=dict)
+    _observed: dict[str, Callable[..., dict[str, Any]]] = field(default_factory=dict)
 
     def incr(self, **figures: float | int) -> None:
         self._record.incr(**figures)
@@ -292,10 +292,13 @@ class FlowRecord:
         out, self._observed[name] = observed_as_read(df, **figures)
         return out
 
-    def observed(self, name: str) -> dict[str, Any]:
-        """The figures :meth:`observe` named ``name`` (none when this run observed none by it)."""
+    def observed(self, name: str, query: bool = True) -> dict[str, Any]:
+        """The figures :meth:`observe` named ``name`` (none when this run observed none by it).
+        Where no action gave them, a query counts them (:func:`observed_as_read`); with
+        ``query=False``, none: for figures asked once the frames they read are gone (a written
+        state, read again, would be the next one)."""
         values = self._observed.get(name)
-        return values() if values is not None else {}
+        return values(query) if values is not None else {}
 
     def gate(self, table: str, df: DataFrame) -> DataFrame:
         """The rows of ``df`` that ``table``'s quality suite lets through (for a flow whose gated

@@ -164,6 +164,38 @@ def test_conf_blocks_that_overlap_on_a_session_leave_it_with_its_own_value(spark
         spark.conf.set(key, before)
 
 
+def test_a_conf_the_session_refuses_to_restore_leaves_the_others_restored_and_no_block_held() -> None:
+    from pipelines.config.spark import session_confs
+
+    class Conf:  # a session whose first key cannot be set back (a serverless cluster's refusal)
+        def __init__(self) -> None:
+            self.values: dict[str, str] = {"a": "1", "b": "1"}
+            self.refuse = False
+
+        def get(self, key: str, default: str | None = None) -> str | None:
+            return self.values.get(key, default)
+
+        def set(self, key: str, value: str) -> None:
+            if self.refuse and key == "a":
+                raise RuntimeError("CANNOT_MODIFY_CONFIG")
+            self.values[key] = value
+
+        def unset(self, key: str) -> None:
+            self.values.pop(key, None)
+
+    class Session:
+        conf = Conf()
+
+    session = Session()
+    with pytest.raises(RuntimeError, match="CANNOT_MODIFY_CONFIG"), session_confs(session, {"a": "2", "b": "2"}):  # type: ignore[arg-type]
+        session.conf.refuse = True
+    assert session.conf.values == {"a": "2", "b": "1"}
+    session.conf.refuse = False
+    with session_confs(session, {"b": "3"}):  # type: ignore[arg-type]
+        assert session.conf.values["b"] == "3"
+    assert session.conf.values["b"] == "1"  # the failed block holds it no more
+
+
 def test_a_small_increment_is_planned_whole_over_a_partition_per_core(
     spark: SparkSession, capsys: pytest.CaptureFixture[str]
 ) -> None:
