@@ -327,10 +327,12 @@ def run_stateful(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
 
         figures = FlowRecord(record, ctx.say, lambda table, df: gate_rows(ctx, record, table, df, txn, {}))
         try:
-            state = figures.cache(ctx.store.read(state_table, where=rules.where))
+            state = ctx.store.read(state_table, where=rules.where)
             # A state table still at its creation commit holds nothing: no query of it (a first
             # pass, cold). Its progress is otherwise read from its rows, whatever its log keeps.
             # Asked only where no run's transaction was found: a committed run is past version 0.
+            # Not from a cache: the progress reads a few columns of the state, and a run with
+            # nothing new reads no more (a cache would hold every row, the buffer's text too).
             fresh = run == 1 and ctx.store.version(state_table) == 0
             done = None if fresh else rules.done(state)
             inc = after(ctx.store, source, done, app)
@@ -340,6 +342,7 @@ def run_stateful(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
             if inc is None and not (options.drain and not fresh and rules.buffered(state).limit(1).count()):
                 record.noop(f"no new rows in {source.key}" + (" and nothing buffered" if options.drain else ""))
                 return
+            state = figures.cache(state)  # the same snapshot, read by the transform's several queries
             rows = inc.read(ctx.store) if inc else None
             with small_increment(ctx.spark, ctx.settings, added if inc is not None else None):
                 batch = StateBatch(state, rows, inc.end if inc else done, run, RunOptions(None, options.drain))
