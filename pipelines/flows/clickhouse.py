@@ -243,10 +243,11 @@ def property_values(run: ExportRun, config: ExportConfig, record: FlowRecord) ->
         record.noop(f"gold has not changed since export batch {out_seq}")
         return
     seq = out_seq + 1
-    # Planned whole where gold's commits since the last batch wrote few rows (the first: not known).
+    # Planned whole where gold's changes since the last batch are few (the first: not known). Its
+    # change files, not the files a MERGE rewrote: a late count rewrites a file of gold whole.
     changed = None
     if prev is not None and version is not None and version > prev.gold_version:
-        changed = tables.written_rows(GOLD_PROPERTY_VALUES, prev.gold_version + 1, version)
+        changed = tables.change_rows(GOLD_PROPERTY_VALUES, prev.gold_version + 1, version)
     with run.small(changed):
         _export(export, seq, prev, record)
 

@@ -346,8 +346,8 @@ class DeclaredTables:
     def read_changes(self, spec: TableSpec, start: int, end: int | None = None) -> DataFrame:
         return self._store.read_changes(self._mine(spec), start, end)
 
-    def written_rows(self, spec: TableSpec, start: int, end: int) -> int | None:
-        return self._store.written_rows(self._mine(spec), start, end)
+    def change_rows(self, spec: TableSpec, start: int, end: int) -> int | None:
+        return self._store.change_rows(self._mine(spec), start, end)
 
     def version(self, spec: TableSpec) -> int | None:
         return self._store.version(self._mine(spec))

@@ -277,12 +277,13 @@ class TableStore(ABC):
             lambda uri: self.files.added_stats(uri, start_version, end_version, spec.schema),
         )
 
-    def written_rows(self, spec: TableSpec, start_version: int, end_version: int) -> int | None:
-        """The rows in the files commits ``start..end`` added, a MERGE's rewritten files whole (a
-        measure of what a read of their changes handles), from the log with no Spark job. None where
-        the log does not say it cheaply, as for :meth:`inserted_stats`."""
+    def change_rows(self, spec: TableSpec, start_version: int, end_version: int) -> int | None:
+        """The rows a read of the changes of commits ``start..end`` handles (a MERGE's change files,
+        not the files it rewrote whole; an append's added rows), from the log and the change files'
+        footers with no Spark job. None where the log does not say it cheaply, as for
+        :meth:`inserted_stats`."""
         return self._from_log(
-            spec, start_version, end_version, lambda uri: self.files.written_rows(uri, start_version, end_version)
+            spec, start_version, end_version, lambda uri: self.files.change_rows(uri, start_version, end_version)
         )
 
     def _from_log(

@@ -223,7 +223,7 @@ class TableFiles:
         """The rows commits ``start..end`` added and the earliest of each timestamp column, from
         their add actions' statistics (no file is opened); None when the commits do not say it: a
         commit that removed rows or wrote change files, or an added file without statistics."""
-        added = self._added_files(table_uri, start, end, rewrites=False)
+        added = self._added_files(table_uri, start, end)
         if added is None:
             return None
         times = [f.name for f in schema.fields if isinstance(f.dataType, TimestampType)]
@@ -242,21 +242,36 @@ class TableFiles:
         rows = sum(int(stats["numRecords"]) for stats in added)
         return AddedStats(rows, {k: v for k, v in earliest.items() if k not in unbounded})
 
-    def written_rows(self, table_uri: str, start: int, end: int) -> int | None:
-        """The rows in the files commits ``start..end`` added, a rewrite's copied rows included and
-        removed rows not subtracted, from their add actions' statistics; None when an added file
-        has none."""
-        added = self._added_files(table_uri, start, end, rewrites=True)
-        return None if added is None else sum(int(stats["numRecords"]) for stats in added)
+    def change_rows(self, table_uri: str, start: int, end: int) -> int | None:
+        """The rows a read of the change feed of commits ``start..end`` handles: a commit's change
+        files where it wrote any (a MERGE's updated rows, twice, and its inserts and deletes; their
+        footers' row counts), else the rows its added files hold and its removed files held (their
+        statistics). None when a file's count is not known."""
+        base, total = self._fs_path(table_uri), 0
+        for _, actions in self.commits(table_uri, start, end):
+            changes = [unquote(a["cdc"]["path"]) for a in actions if "cdc" in a]
+            if changes:  # the change feed reads these alone: not the whole files the commit rewrote
+                names = [self._fs_path(p) if "://" in p else f"{base}/{p}" for p in changes]
+                total += sum(pq.read_metadata(name, filesystem=self.fs).num_rows for name in names)
+                continue
+            for action in actions:
+                file = action.get("add") or action.get("remove")
+                if file is None or not file.get("dataChange", True):
+                    continue
+                stats = json.loads(file["stats"]) if file.get("stats") else {}
+                if "numRecords" not in stats:
+                    return None
+                total += int(stats["numRecords"])
+        return total
 
-    def _added_files(self, table_uri: str, start: int, end: int, rewrites: bool) -> list[dict[str, Any]] | None:
+    def _added_files(self, table_uri: str, start: int, end: int) -> list[dict[str, Any]] | None:
         """The statistics of each data file commits ``start..end`` added; None when one has none
-        (no ``numRecords``) or, unless ``rewrites``, a commit removed rows or wrote change files."""
+        (no ``numRecords``) or a commit removed rows or wrote change files."""
         added = []
         for _, actions in self.commits(table_uri, start, end):
             for action in actions:
                 removes = "cdc" in action or ("remove" in action and action["remove"].get("dataChange", True))
-                if removes and not rewrites:
+                if removes:
                     return None
                 add = action.get("add")
                 if add is None or not add.get("dataChange", True):
