@@ -74,7 +74,11 @@ def mark_repeats(
 
 
 def suspects(
-    rows: DataFrame, held: DataFrame | None, time: str = "timestamp", identity: Sequence[str] = IDENTITY
+    rows: DataFrame,
+    held: DataFrame | None,
+    time: str = "timestamp",
+    identity: Sequence[str] = IDENTITY,
+    few: bool = False,
 ) -> DataFrame:
     """The identities of a batch that may repeat, with what silver holds of each: one row per
     identity the batch holds more than once or silver holds at all (``held``: silver's rows near the
@@ -85,12 +89,16 @@ def suspects(
     As small as the repeats are (each repeat and what it repeats): the rows of every other identity
     are not repeats and skip :func:`mark_repeats`, whose window would otherwise sort the whole
     batch. One aggregation over the batch's and silver's identity columns. A row missing part of its
-    identity is never a suspect.
+    identity is never a suspect. With ``few`` (a batch small enough to broadcast), silver's rows
+    are first narrowed to the batch's identities by a broadcast semi-join, so the aggregation takes
+    the batch's identities, not everything silver holds near the batch's times.
     """
     known = reduce(lambda a, b: a & b, [F.col(c).isNotNull() for c in identity])
     ids = rows.where(known).select(*identity, F.lit(1).alias("_copies"), F.lit(None).cast("timestamp").alias("_held"))
     if held is not None:
         silver = held.where(known).select(*identity, F.lit(0).alias("_copies"), F.col("event_time").alias("_held"))
+        if few:  # only silver's identities the batch holds can make a suspect
+            silver = silver.join(F.broadcast(ids.select(*identity)), list(identity), "left_semi")
         ids = ids.unionByName(silver)
     grouped = ids.groupBy(*identity).agg(
         F.sum("_copies").alias("_copies"), F.min("_held").alias("_first"), F.max("_held").alias("_last")

@@ -84,6 +84,8 @@ def bucket_figures(buckets: Iterable[int]) -> dict[str, Column]:
 
 #: Suspect identities up to this many are broadcast to the anti-join that lets every other row by.
 BROADCAST_SUSPECTS = 2_000_000
+#: A batch of at most this many rows is broadcast to narrow silver's identities to the batch's.
+BROADCAST_BATCH = 100_000
 #: The observed figure of the repeats a batch dropped (:func:`without_repeats`).
 REPEATS = "repeats"
 
@@ -118,7 +120,10 @@ def without_repeats(batch: Batch, horizon: timedelta, record: FlowRecord) -> Cal
         if earliest is not None:
             since = earliest - horizon
             held = batch.read_since(SILVER_EVENTS, "event_time", since).transform(in_buckets(batch.options.buckets))
-        maybe = record.cache(suspects(rows, held))
+        # A batch of at most BROADCAST_BATCH rows (its commits' rows bound a run over some buckets
+        # too) narrows silver's identities to its own before they are grouped.
+        few = batch.added is not None and batch.added.rows <= BROADCAST_BATCH
+        maybe = record.cache(suspects(rows, held, few=few))
         n_suspects = maybe.count()  # materializes the cache
         if not n_suspects:  # no identity held twice: nothing to drop
             return rows

@@ -84,8 +84,9 @@ def test_suspects_are_the_identities_held_twice_in_the_batch_or_held_by_silver(s
         COLUMNS,
     )
     silver = spark.createDataFrame([(1, "c", T0 - HOUR), (1, "c", T0), (3, "z", T0)], SILVER)
-    got = {(r["team_id"], r["uuid"]): (r["_first"], r["_last"]) for r in suspects(batch, silver).collect()}
     # Spark hands timestamps back as naive local times: the session and the tests run in UTC.
     naive = T0.replace(tzinfo=None)
-    assert got == {(1, "a"): (None, None), (1, "c"): (naive - HOUR, naive)}
+    for few in (False, True):  # silver's identities narrowed to the batch's first, or not
+        got = {(r["team_id"], r["uuid"]): (r["_first"], r["_last"]) for r in suspects(batch, silver, few=few).collect()}
+        assert got == {(1, "a"): (None, None), (1, "c"): (naive - HOUR, naive)}, few
     assert {(r["team_id"], r["uuid"]) for r in suspects(batch, None).collect()} == {(1, "a")}
