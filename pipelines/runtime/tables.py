@@ -19,7 +19,7 @@ from bronze.samples import BRONZE_SAMPLES_SCHEMA
 from gold.counters import COUNTER_PARTIALS_SCHEMA, COUNTERS_SCHEMA, MILESTONES_SCHEMA
 from gold.export import EXPORTED_SCHEMA, OUTBOX_SCHEMA
 from gold.metric_windows import METRIC_WINDOWS_SCHEMA
-from gold.property_values import PARTIALS_SCHEMA, PROPERTY_VALUES_SCHEMA
+from gold.property_values import PARTIALS_SCHEMA, PROPERTY_VALUES_SCHEMA, WINDOW_START
 from pipelines.runtime.eventlog import EXPECTATION_RESULTS, PIPELINE_EVENTS
 from pipelines.storage import TableSpec
 from silver.events import SILVER_EVENTS_SCHEMA
@@ -118,12 +118,18 @@ GOLD_PROPERTY_VALUES = TableSpec(
     PROPERTY_VALUES_SCHEMA,
     partition_by=("bucket",),
     description="stage 2: one row per (team, property_type, key, value), bucket and window",
+    # A MERGE of late counts, and the export's read of some windows, touch those windows' files.
+    cluster_by=(WINDOW_START,),
+    file_rows=50_000,
 )
 GOLD_EXPORTED = TableSpec(
     "gold",
     "property_value_exports",
     EXPORTED_SCHEMA,
     description="what ClickHouse holds per tuple and window (the count exported so far)",
+    # A batch's corrections are merged into their windows' files, not into all of what was exported.
+    cluster_by=(WINDOW_START,),
+    file_rows=100_000,
 )
 EXPORT_OUTBOX = TableSpec(
     "_meta",

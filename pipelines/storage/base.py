@@ -32,6 +32,9 @@ from pipelines.storage.parquet_files import AddedStats, TableFiles
 T = TypeVar("T")
 
 CDF_PROPERTY = "delta.enableChangeDataFeed"
+#: Off for a clustered table: delta-spark's compaction after a write would pack its files' ranges
+#: together (``maintain`` compacts it as it is laid out).
+AUTO_COMPACT_PROPERTY = "delta.autoOptimize.autoCompact"
 CHANGE_TYPE = "_change_type"
 COMMIT_VERSION = "_commit_version"
 COMMIT_TIMESTAMP = "_commit_timestamp"
@@ -117,6 +120,12 @@ class TableSpec:
     partition_by: tuple[str, ...] = ()
     properties: Mapping[str, str] = field(default_factory=dict)
     description: str = ""
+    #: Columns each partition's rows are written sorted by, in files of at most ``file_rows`` rows
+    #: (0: one file per writer task), so that each file holds a narrow range of them: a MERGE or
+    #: a read for some windows skips the others' files (and row groups) by their statistics, and a
+    #: MERGE rewrites a file of that range, not a partition whole. ``maintain`` keeps the layout.
+    cluster_by: tuple[str, ...] = ()
+    file_rows: int = 0
 
     @property
     def key(self) -> str:
@@ -131,7 +140,8 @@ class TableSpec:
         return to_arrow_schema(self.schema, timezone="UTC")
 
     def table_properties(self) -> dict[str, str]:
-        return {CDF_PROPERTY: "true", **self.properties}
+        laid_out = {AUTO_COMPACT_PROPERTY: "false"} if self.cluster_by else {}
+        return {CDF_PROPERTY: "true", **laid_out, **self.properties}
 
 
 @dataclass(frozen=True)
@@ -171,6 +181,14 @@ class TableStats:
     last_operation: str | None
     #: The size of the current version's data files.
     bytes: int = 0
+
+
+def layout_bytes(spec: TableSpec, stats: TableStats) -> int | None:
+    """The size compaction cuts a clustered table's files at: ``file_rows`` rows at the bytes a row
+    takes in its files now; None where the table sets no file size (or holds no rows)."""
+    if not spec.file_rows or not stats.rows:
+        return None
+    return max(1, round(stats.bytes / stats.rows * spec.file_rows))
 
 
 class TableStore(ABC):
@@ -328,7 +346,10 @@ class TableStore(ABC):
 
     # -- maintenance -----------------------------------------------------------------------
     @abstractmethod
-    def optimize(self, spec: TableSpec) -> dict[str, Any]: ...
+    def optimize(self, spec: TableSpec) -> dict[str, Any]:
+        """Compact the table's small files; a clustered table's (``cluster_by``) files are
+        rewritten sorted by its columns, in files of about ``file_rows`` rows, as its writes lay
+        them out. Returns the engine's metrics."""
 
     @abstractmethod
     def vacuum(self, spec: TableSpec, retention_hours: int = 168) -> list[str]: ...

@@ -6,6 +6,8 @@ quality gate's quarantine rows), in Arrow and in Spark alike.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -38,3 +40,14 @@ def conform_df(df: DataFrame, schema: StructType) -> DataFrame:
     return df.select(
         *[(F.col(f.name) if f.name in present else F.lit(None)).cast(f.dataType).alias(f.name) for f in schema.fields]
     )
+
+
+def clustered(df: DataFrame, partition_by: Sequence[str], cluster_by: Sequence[str] = ()) -> DataFrame:
+    """``df`` as a table's writer hands it to Spark: a partitioned table's rows gathered by
+    partition (one writer task, so few files, per partition), each task's rows sorted by
+    ``cluster_by``, so its files (cut at the table's ``file_rows``) each hold a narrow range of
+    them. An unpartitioned table's rows are sorted where they are: no shuffle of their own. The
+    partition columns lead the sort: Spark's writer sorts each task's rows by them, and would
+    otherwise sort again and lose the order."""
+    out = df.repartition(*partition_by) if partition_by else df
+    return out.sortWithinPartitions(*partition_by, *cluster_by) if cluster_by else out

@@ -42,6 +42,7 @@ from pipelines.storage.base import (
     TableStats,
     TableStore,
     TxnSnapshot,
+    layout_bytes,
     predicate_sql,
 )
 from pipelines.storage.parquet_files import DataFile, scan, with_file_columns
@@ -146,7 +147,9 @@ class DeltaRsStore(TableStore):
     ) -> int:
         if isinstance(data, pa.Table):
             return self._write_arrow(spec, data, txns, mode, read_version)
-        written = self.files.write(data, self.path(spec), spec.schema, spec.partition_by)
+        written = self.files.write(
+            data, self.path(spec), spec.schema, spec.partition_by, spec.cluster_by, spec.file_rows
+        )
         self._commit_files(spec, written, txns, mode, read_version)
         return self._table(spec).version()
 
@@ -414,7 +417,10 @@ class DeltaRsStore(TableStore):
 
     # -- maintenance -------------------------------------------------------------------------
     def optimize(self, spec: TableSpec) -> dict[str, Any]:
-        return dict(self._table(spec).optimize.compact())
+        dt = self._table(spec)
+        if not spec.cluster_by:
+            return dict(dt.optimize.compact())
+        return dict(dt.optimize.z_order(list(spec.cluster_by), target_size=layout_bytes(spec, self.stats(spec))))
 
     def vacuum(self, spec: TableSpec, retention_hours: int = 168) -> list[str]:
         removed = self._table(spec).vacuum(retention_hours=retention_hours, dry_run=False)

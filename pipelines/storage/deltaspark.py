@@ -44,13 +44,16 @@ from pipelines.storage.base import (
     TableStats,
     TableStore,
     TxnSnapshot,
+    layout_bytes,
     predicate_sql,
 )
 from pipelines.storage.commit_progress import HistoryProgress, commit_metadata, sets
-from pipelines.storage.conform import conform_df
+from pipelines.storage.conform import clustered, conform_df
 from pipelines.storage.delta_log import PathTxns, jvm_delta_log
 from pipelines.storage.spark_sql import column_ddl, is_delta_conflict, quote, sql_string
 
+#: The size OPTIMIZE cuts files at (1 GB by default).
+OPTIMIZE_MAX_FILE_SIZE = "spark.databricks.delta.optimize.maxFileSize"
 TXN_APP_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
@@ -59,12 +62,16 @@ USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 HISTORY_WINDOW = 200
 #: File sizes under control: writes bin-pack by partition, and tables that grow by small commits
 #: are compacted after a write once they have enough small files.
-WRITE_CONFS = {
-    "spark.databricks.delta.optimizeWrite.enabled": "true",
-    "spark.databricks.delta.autoCompact.enabled": "true",
-}
+AUTO_COMPACT_CONF = "spark.databricks.delta.autoCompact.enabled"
+WRITE_CONFS = {"spark.databricks.delta.optimizeWrite.enabled": "true", AUTO_COMPACT_CONF: "true"}
 #: How long ensure() waits for a table another task is creating to show its first version.
 ENSURE_WAIT_S = 30.0
+
+
+def _layout_confs(spec: TableSpec) -> dict[str, str]:
+    """A clustered table's writes skip the compaction after a write (which would pack its files'
+    ranges together; the session's conf outranks the table's property): ``maintain`` compacts it."""
+    return {AUTO_COMPACT_CONF: "false"} if spec.cluster_by else {}
 
 
 def _one_txn(txns: Sequence[AppTxn]) -> AppTxn | None:
@@ -163,12 +170,17 @@ class DeltaSparkStore(TableStore):
         return self.to_spark(self.to_arrow(spec, data), spec.schema)
 
     def _txn_confs(self, spec: TableSpec, txn: AppTxn | None) -> Any:
-        if txn is None:
-            return session_confs(self.spark, {})
-        metadata = self._metadata(spec, txn)
-        return session_confs(
-            self.spark, {TXN_APP_CONF: txn.app_id, TXN_VERSION_CONF: str(txn.version), USER_METADATA_CONF: metadata}
-        )
+        """The confs of a commit into ``spec`` that records ``txn`` (none: no app transaction)."""
+        confs = _layout_confs(spec)
+        if txn is not None:
+            confs.update(
+                {
+                    TXN_APP_CONF: txn.app_id,
+                    TXN_VERSION_CONF: str(txn.version),
+                    USER_METADATA_CONF: self._metadata(spec, txn),
+                }
+            )
+        return session_confs(self.spark, confs)
 
     def _metadata(self, spec: TableSpec, txn: AppTxn) -> str:
         """The commit info that records ``txn``: by name, with the progress carried forward."""
@@ -241,11 +253,18 @@ class DeltaSparkStore(TableStore):
 
     def _write(self, spec: TableSpec, data: Data, txns: Sequence[AppTxn], mode: str) -> int:
         txn = _one_txn(txns)
-        writer = self._df(spec, data).write.format("delta").mode(mode)
+        df = self._df(spec, data)
+        if spec.cluster_by:  # the table's layout: sorted in files of file_rows (an optimized write would shuffle)
+            df = clustered(df, spec.partition_by, spec.cluster_by)
+        writer = df.write.format("delta").mode(mode)
+        if spec.cluster_by:
+            writer = writer.option("optimizeWrite", "false")
+        if spec.file_rows:
+            writer = writer.option("maxRecordsPerFile", spec.file_rows)
         if txn is not None:
             writer = writer.option("txnAppId", txn.app_id).option("txnVersion", txn.version)
             writer = writer.option("userMetadata", self._metadata(spec, txn))
-        with self._conflicts(f"{mode} of {spec.key}"):
+        with session_confs(self.spark, _layout_confs(spec)), self._conflicts(f"{mode} of {spec.key}"):
             self._save(spec, writer)
         return self._version(spec)
 
@@ -432,8 +451,14 @@ class DeltaSparkStore(TableStore):
         )
 
     def optimize(self, spec: TableSpec) -> dict[str, Any]:
-        # One row of metrics.
-        rows = self.spark.sql(f"OPTIMIZE {self.ident(spec)}").collect()
+        sql, confs = f"OPTIMIZE {self.ident(spec)}", {}
+        if spec.cluster_by:
+            sql += " ZORDER BY (" + ", ".join(quote(c) for c in spec.cluster_by) + ")"
+            target = layout_bytes(spec, self.stats(spec))
+            if target is not None:
+                confs[OPTIMIZE_MAX_FILE_SIZE] = str(target)
+        with session_confs(self.spark, confs):
+            rows = self.spark.sql(sql).collect()  # one row of metrics
         return rows[0].asDict(recursive=True) if rows else {}
 
     def vacuum(self, spec: TableSpec, retention_hours: int = 168) -> list[str]:

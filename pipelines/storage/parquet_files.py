@@ -47,7 +47,7 @@ from pyspark.sql.types import (
 )
 
 from pipelines.errors import StorageError
-from pipelines.storage.conform import conform_df
+from pipelines.storage.conform import clustered, conform_df
 
 STAGING = "_staging"
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
@@ -97,19 +97,30 @@ class TableFiles:
         return pafs.FileSystem.from_uri(uri)[1] if "://" in uri else uri
 
     # -- writes -------------------------------------------------------------------------------
-    def write(self, df: DataFrame, table_uri: str, schema: StructType, partition_by: Sequence[str]) -> list[DataFile]:
+    def write(
+        self,
+        df: DataFrame,
+        table_uri: str,
+        schema: StructType,
+        partition_by: Sequence[str],
+        cluster_by: Sequence[str] = (),
+        file_rows: int = 0,
+    ) -> list[DataFile]:
         """Write ``df`` as Parquet files of the table at ``table_uri``; return their add descriptions.
 
         Spark writes into a staging folder of its own (two concurrent writers of one table would
         otherwise share Hadoop's ``_temporary`` folder, and the first to finish deletes it), then
         the files move beside the table's others. Nothing is committed here: until the caller
-        commits the add actions, the files are invisible to every Delta reader.
+        commits the add actions, the files are invisible to every Delta reader. ``cluster_by`` and
+        ``file_rows``: the table's layout (:func:`clustered`).
         """
         staging = f"{table_uri}/{STAGING}/{uuid.uuid4().hex}"
-        out = conform_df(df, schema)
-        writer = (out.repartition(*partition_by) if partition_by else out).write.mode("overwrite")
+        out = clustered(conform_df(df, schema), partition_by, cluster_by)
+        writer = out.write.mode("overwrite")
         if partition_by:
             writer = writer.partitionBy(*partition_by)
+        if file_rows:
+            writer = writer.option("maxRecordsPerFile", file_rows)
         _set_parquet_confs(df.sparkSession)
         try:
             writer.parquet(staging)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 from collections.abc import Callable
@@ -240,6 +241,38 @@ def test_change_rows_count_what_a_read_of_the_changes_handles(store: TableStore,
     assert store.change_rows(SPEC, v3, v3) == 2
     assert store.change_rows(SPEC, v1, v3) == 7
     assert store.change_rows(SPEC, v1, v1 + STATS_COMMITS) is None  # too many log files to read
+
+
+LAID_OUT = TableSpec("test", "laid_out", SCHEMA, partition_by=("part",), cluster_by=("n",), file_rows=2)
+
+
+def files_of(store: TableStore, spec: TableSpec) -> dict[str, tuple[int, int, int, int]]:
+    """Each data file of the table: (partition, least n, greatest n, rows), read from its rows."""
+    found = store.read(spec).groupBy(F.input_file_name().alias("f"), "part").agg(F.min("n"), F.max("n"), F.count("n"))
+    return {r[0]: (r[1], r[2], r[3], r[4]) for r in found.collect()}
+
+
+def test_a_clustered_table_is_written_sorted_in_files_of_its_rows_and_optimize_keeps_that(
+    store: TableStore, spark: SparkSession
+) -> None:
+    store.ensure(LAID_OUT)
+    data = [("a", 1, 5, T0), ("b", 1, 3, T0), ("c", 2, 10, T0), ("d", 1, 1, T0), ("e", 1, 4, T0)]
+    data += [("f", 1, 2, T0), ("g", 2, 9, T0), ("h", 1, 6, T0)]
+    store.append(LAID_OUT, rows(spark, data))
+    # Each partition's rows sorted by n, cut every two rows: each file a range of n of its own.
+    written = files_of(store, LAID_OUT)
+    assert sorted(written.values()) == [(1, 1, 2, 2), (1, 3, 4, 2), (1, 5, 6, 2), (2, 9, 10, 2)]
+    # A MERGE of one row rewrites the file of its range, not its partition whole.
+    store.merge(LAID_OUT, rows(spark, [("b", 1, 3, T0 + timedelta(hours=1))]), on="t.part = s.part AND t.n = s.n")
+    after = files_of(store, LAID_OUT)
+    assert len(set(written) - set(after)) == 1 and sorted(after.values()) == sorted(written.values())
+    # Rows from two appends overlap; compaction lays the partition out again as sorted ranges.
+    store.append(LAID_OUT, rows(spark, [("i", 1, 0, T0), ("j", 1, 7, T0)]))
+    store.optimize(LAID_OUT)
+    ranges = sorted((p, lo, hi) for p, lo, hi, _ in files_of(store, LAID_OUT).values())
+    for (p1, _, hi1), (p2, lo2, _) in itertools.pairwise(ranges):
+        assert p1 != p2 or hi1 < lo2, ranges
+    assert sorted(r[2] for r in store.read(LAID_OUT).collect()) == [0, 1, 2, 3, 4, 5, 6, 7, 9, 10]
 
 
 def test_inserted_stats_need_every_added_file_to_have_its_statistics(tmp_path: Path) -> None:
