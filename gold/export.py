@@ -221,12 +221,15 @@ def incremental_batch(
     before, each summed over buckets and set against ``exported`` (what was exported of them)."""
 
     def transform(gold: DataFrame) -> DataFrame:
-        fresh = gold.where(window_closed(width, after, closed_before))
+        # No window closed since the last batch (the watermark has not passed a window's end):
+        # gold is not read for one.
+        none_closed = after is not None and closed_before is not None and closed_before <= after
+        fresh = gold.limit(0) if none_closed else gold.where(window_closed(width, after, closed_before))
         if late_windows:
             # Only the late windows' files are read (a list of window starts Parquet statistics
             # can skip by), then only the changed tuples of those windows are kept.
-            again = gold.where(F.col(WINDOW_START).isin(list(late_windows)))
-            fresh = fresh.unionByName(again.join(late, list(EXPORT_KEY), "left_semi"))
+            again = gold.where(F.col(WINDOW_START).isin(list(late_windows))).join(late, list(EXPORT_KEY), "left_semi")
+            fresh = again if none_closed else fresh.unionByName(again)
         return fresh.transform(per_tuple_window()).transform(differences(exported, min_count, top_values))
 
     return transform

@@ -4,8 +4,9 @@ from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pytest
+from pyspark.sql import SparkSession
 
-from gold.export import ExportBounds, ExportProgress, export_bounds, rechunk
+from gold.export import ExportBounds, ExportProgress, export_bounds, incremental_batch, rechunk
 
 T = datetime(2024, 6, 1, 12, tzinfo=UTC)
 WINDOW, GRACE = timedelta(seconds=30), timedelta(seconds=60)
@@ -41,3 +42,30 @@ def test_a_drain_closes_every_window_through_the_newest_events_window() -> None:
 def test_the_recorded_end_never_moves_back() -> None:
     prev = ExportProgress(gold_version=3, newest_event=T, closed_through=T + WINDOW)
     assert export_bounds(T, WINDOW, GRACE, drain=False, prev=prev) == ExportBounds(T - GRACE, T + WINDOW)
+
+
+KEY_DDL = "team_id long, property_type string, property_key string, property_value string, window_start timestamp"
+GOLD_DDL = "team_id long, property_type string, property_key string, property_value string, window_start timestamp, count long, bucket int"
+EXPORTED_DDL = "team_id long, property_type string, property_key string, property_value string, window_start timestamp, exported_count long"
+
+
+@pytest.mark.parametrize("closed_before", [T + WINDOW, T + WINDOW / 2], ids=["at the last end", "before it"])
+def test_a_batch_with_no_window_newly_closed_sends_the_late_corrections_alone(
+    spark: SparkSession, closed_before: datetime
+) -> None:
+    # Window T was exported (its end T + WINDOW is where the last batch closed through); the
+    # watermark has not passed the end of window T + WINDOW. A late count raised ("event", "a")
+    # in window T from 3 to 5; ("event", "b") in window T and the open window hold no change.
+    w0, w1 = T.replace(tzinfo=None), (T + WINDOW).replace(tzinfo=None)
+    gold = spark.createDataFrame(
+        [
+            (1, "event", "plan", "a", w0, 5, 0),
+            (1, "event", "plan", "b", w0, 7, 1),
+            (1, "event", "plan", "a", w1, 4, 0),
+        ],
+        GOLD_DDL,
+    )
+    exported = spark.createDataFrame([(1, "event", "plan", "a", w0, 3), (1, "event", "plan", "b", w0, 7)], EXPORTED_DDL)
+    late = spark.createDataFrame([(1, "event", "plan", "a", w0)], KEY_DDL)
+    cut = gold.transform(incremental_batch(late, [T], exported, WINDOW, T + WINDOW, closed_before, min_count=1))
+    assert [tuple(r) for r in cut.collect()] == [(1, "event", "plan", "a", w0, 2, 5, True, False, False)]
