@@ -48,7 +48,7 @@ from pipelines.runtime.flow_types import (
 )
 from pipelines.runtime.progress import Increment, after, pending
 from pipelines.runtime.runner import Context, app_id, check_split, run_job, task_name
-from pipelines.storage import AppTxn, Greatest, TableSpec, TableStore
+from pipelines.storage import AppTxn, Greatest, Predicate, TableSpec, TableStore
 
 log = logging.getLogger("medallion.runner")
 
@@ -241,15 +241,17 @@ def write(
     rules = flow.write.rules
     if out.isEmpty():
         return ctx.store.append(target, target.arrow_schema.empty_table(), [txn])
+    on = rules.on(buckets)
     if rules.appends_above is not None and rules.insert is None:
         held = _above_target(ctx, target, out, rules.appends_above, buckets, figures)
         if held is not None:  # committed through the version the bound was read at
             log.info("%s: no row of %s can match, appended", flow.name, target.key)
             return ctx.store.append(target, out, [txn], read_version=held.version)
+        on = _from_least(on, rules.appends_above, _least(out, rules.appends_above, figures))
     return ctx.store.merge(
         target,
         out,
-        on=rules.on(buckets),
+        on=on,
         update=rules.update,
         insert=rules.insert,
         update_when=rules.update_when,
@@ -273,13 +275,28 @@ def _above_target(
         return None
     if held.value is None:  # the target holds no rows there
         return held
+    least = _least(out, column, figures)
+    return held if least is not None and least > held.value else None
+
+
+def _least(out: DataFrame, column: str, figures: FlowRecord | None) -> Any:
+    """The least ``column`` of the MERGE source ``out``: as its cache fill observed it, else asked."""
     least = figures.observed(MERGE_SOURCE).get("least") if figures is not None else None
     if least is None:
         row = out.agg(F.min(column)).first()  # one value
         least = row[0] if row is not None else None
     if isinstance(least, datetime) and least.tzinfo is None:  # Spark's local wall time
         least = least.astimezone(UTC)
-    return held if least is not None and least > held.value else None
+    return least
+
+
+def _from_least(on: Predicate, column: str, least: Any) -> Predicate:
+    """The MERGE condition ``on`` bounded below on the target's ``column`` by the source's least
+    value (it holds ``column`` equal): the target's files wholly below it are not read, by their
+    statistics (Delta on Spark prunes by the target's side of the condition alone)."""
+    if not isinstance(on, str) or not isinstance(least, datetime):
+        return on
+    return f"{on} AND t.{column} >= TIMESTAMP '{least.astimezone(UTC):%Y-%m-%d %H:%M:%S.%f}'"
 
 
 def publish_outbox(store: TableStore, state: TableSpec, out: TableSpec, app: str, kind: str, columns: list[str]) -> int:
