@@ -296,7 +296,8 @@ def _from_least(on: Predicate, column: str, least: Any) -> Predicate:
     statistics (Delta on Spark prunes by the target's side of the condition alone)."""
     if not isinstance(on, str) or not isinstance(least, datetime):
         return on
-    return f"{on} AND t.{column} >= TIMESTAMP '{least.astimezone(UTC):%Y-%m-%d %H:%M:%S.%f}'"
+    # An instant (UTC, said so): a literal without its zone is read in the session's time zone.
+    return f"{on} AND t.{column} >= TIMESTAMP '{least.astimezone(UTC):%Y-%m-%dT%H:%M:%S.%fZ}'"
 
 
 def publish_outbox(store: TableStore, state: TableSpec, out: TableSpec, app: str, kind: str, columns: list[str]) -> int:

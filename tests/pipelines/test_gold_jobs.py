@@ -4,13 +4,16 @@ exactly what it has pending, and reads the table otherwise; gold is the same eit
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 
 from pipelines.config.settings import Settings
+from pipelines.config.spark import session_confs
 from pipelines.runtime import ingest, passes
+from pipelines.runtime.incremental import _from_least
 from pipelines.runtime.progress import Increment
 from pipelines.runtime.runner import Context
 from pipelines.runtime.tables import GOLD_PARTIALS, GOLD_PROPERTY_VALUES
@@ -106,3 +109,15 @@ def test_stage_two_appends_windows_gold_does_not_hold_and_merges_the_ones_it_hol
         assert commits[-3:] == ["WRITE", "WRITE", "MERGE"]
     else:  # no statistics read without a Spark job there: every source is MERGEd, as before
         assert commits[-3:] == ["MERGE", "MERGE", "MERGE"]
+
+
+def test_the_merge_bound_on_gold_windows_is_an_instant_whatever_the_sessions_time_zone(spark: SparkSession) -> None:
+    """Stage 2's MERGE condition carries the source's least window as a bound on gold's; a cluster's
+    session may read time in another zone than UTC, and must read the same instant."""
+    least = datetime(2024, 6, 1, 0, 0, 30, 500, tzinfo=UTC)
+    on = _from_least("t.k = s.k", "window_start", least)
+    assert on.startswith("t.k = s.k AND t.window_start >= TIMESTAMP ")
+    bound = on.split(" >= ", 1)[1]
+    with session_confs(spark, {"spark.sql.session.timeZone": "America/Los_Angeles"}):
+        micros = spark.sql(f"SELECT unix_micros({bound})").first()[0]  # type: ignore[index]
+    assert micros == int(least.timestamp()) * 1_000_000 + 500
