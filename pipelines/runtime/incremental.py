@@ -286,7 +286,10 @@ def _least(out: DataFrame, column: str, figures: FlowRecord | None) -> Any:
         row = out.agg(F.min(column)).first()  # one value
         least = row[0] if row is not None else None
     if isinstance(least, datetime) and least.tzinfo is None:  # Spark's local wall time
-        least = least.astimezone(UTC)
+        try:
+            least = least.astimezone(UTC)
+        except (ValueError, OverflowError):  # at the edge of the calendar: no bound
+            return None
     return least
 
 
@@ -296,8 +299,12 @@ def _from_least(on: Predicate, column: str, least: Any) -> Predicate:
     statistics (Delta on Spark prunes by the target's side of the condition alone)."""
     if not isinstance(on, str) or not isinstance(least, datetime):
         return on
+    try:
+        at = least.astimezone(UTC)
+    except (ValueError, OverflowError):  # a time at the edge of the calendar: not bounded
+        return on
     # An instant (UTC, said so): a literal without its zone is read in the session's time zone.
-    return f"{on} AND t.{column} >= TIMESTAMP '{least.astimezone(UTC):%Y-%m-%dT%H:%M:%S.%fZ}'"
+    return f"({on}) AND t.{column} >= TIMESTAMP '{at.year:04d}-{at:%m-%dT%H:%M:%S.%f}Z'"
 
 
 def publish_outbox(store: TableStore, state: TableSpec, out: TableSpec, app: str, kind: str, columns: list[str]) -> int:

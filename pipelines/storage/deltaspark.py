@@ -63,6 +63,7 @@ HISTORY_WINDOW = 200
 #: File sizes under control: writes bin-pack by partition, and tables that grow by small commits
 #: are compacted after a write once they have enough small files.
 AUTO_COMPACT_CONF = "spark.databricks.delta.autoCompact.enabled"
+MAX_RECORDS_PER_FILE_CONF = "spark.sql.files.maxRecordsPerFile"
 WRITE_CONFS = {"spark.databricks.delta.optimizeWrite.enabled": "true", AUTO_COMPACT_CONF: "true"}
 #: How long ensure() waits for a table another task is creating to show its first version.
 ENSURE_WAIT_S = 30.0
@@ -70,8 +71,13 @@ ENSURE_WAIT_S = 30.0
 
 def _layout_confs(spec: TableSpec) -> dict[str, str]:
     """A clustered table's writes skip the compaction after a write (which would pack its files'
-    ranges together; the session's conf outranks the table's property): ``maintain`` compacts it."""
-    return {AUTO_COMPACT_CONF: "false"} if spec.cluster_by else {}
+    ranges together; the session's conf outranks the table's property): ``maintain`` compacts it.
+    Its MERGEs cut the files they write at ``file_rows`` too (Spark's writer takes the session's
+    conf where no write option says it)."""
+    confs = {AUTO_COMPACT_CONF: "false"} if spec.cluster_by else {}
+    if spec.cluster_by and spec.file_rows:
+        confs[MAX_RECORDS_PER_FILE_CONF] = str(spec.file_rows)
+    return confs
 
 
 def _one_txn(txns: Sequence[AppTxn]) -> AppTxn | None:
