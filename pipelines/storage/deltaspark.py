@@ -49,44 +49,23 @@ from pipelines.storage.base import (
 )
 from pipelines.storage.commit_progress import HistoryProgress, commit_metadata, sets
 from pipelines.storage.conform import clustered, conform_df
+from pipelines.storage.delta_confs import (
+    TXN_APP_CONF,
+    TXN_VERSION_CONF,
+    USER_METADATA_CONF,
+    WRITE_CONFS,
+    layout_confs,
+    one_txn,
+    optimize_sql,
+)
 from pipelines.storage.delta_log import PathTxns, jvm_delta_log
 from pipelines.storage.spark_sql import column_ddl, is_delta_conflict, quote, sql_string
 
-#: The size OPTIMIZE cuts files at (1 GB by default).
-OPTIMIZE_MAX_FILE_SIZE = "spark.databricks.delta.optimize.maxFileSize"
-TXN_APP_CONF = "spark.databricks.delta.write.txnAppId"
-TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
-USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 #: Commits of history read for app transactions by name: more than any writer's span from its read
 #: to its commit (see :mod:`pipelines.storage.commit_progress`).
 HISTORY_WINDOW = 200
-#: File sizes under control: writes bin-pack by partition, and tables that grow by small commits
-#: are compacted after a write once they have enough small files.
-AUTO_COMPACT_CONF = "spark.databricks.delta.autoCompact.enabled"
-MAX_RECORDS_PER_FILE_CONF = "spark.sql.files.maxRecordsPerFile"
-WRITE_CONFS = {"spark.databricks.delta.optimizeWrite.enabled": "true", AUTO_COMPACT_CONF: "true"}
 #: How long ensure() waits for a table another task is creating to show its first version.
 ENSURE_WAIT_S = 30.0
-
-
-def _layout_confs(spec: TableSpec) -> dict[str, str]:
-    """A clustered table's writes skip the compaction after a write (which would pack its files'
-    ranges together; the session's conf outranks the table's property): ``maintain`` compacts it.
-    Its MERGEs cut the files they write at ``file_rows`` too (Spark's writer takes the session's
-    conf where no write option says it)."""
-    confs = {AUTO_COMPACT_CONF: "false"} if spec.cluster_by else {}
-    if spec.cluster_by and spec.file_rows:
-        confs[MAX_RECORDS_PER_FILE_CONF] = str(spec.file_rows)
-    return confs
-
-
-def _one_txn(txns: Sequence[AppTxn]) -> AppTxn | None:
-    if len(txns) > 1:
-        raise StorageError(
-            "the delta-spark engine records one app transaction per commit; "
-            f"got {len(txns)} ({', '.join(t.app_id for t in txns)})"
-        )
-    return txns[0] if txns else None
 
 
 class DeltaSparkStore(TableStore):
@@ -177,7 +156,7 @@ class DeltaSparkStore(TableStore):
 
     def _txn_confs(self, spec: TableSpec, txn: AppTxn | None) -> Any:
         """The confs of a commit into ``spec`` that records ``txn`` (none: no app transaction)."""
-        confs = _layout_confs(spec)
+        confs = layout_confs(spec)
         if txn is not None:
             confs.update(
                 {
@@ -258,7 +237,7 @@ class DeltaSparkStore(TableStore):
         return self._write(spec, data, txns, "overwrite")
 
     def _write(self, spec: TableSpec, data: Data, txns: Sequence[AppTxn], mode: str) -> int:
-        txn = _one_txn(txns)
+        txn = one_txn(txns)
         df = self._df(spec, data)
         if spec.cluster_by:  # the table's layout: sorted in files of file_rows (an optimized write would shuffle)
             df = clustered(df, spec.partition_by, spec.cluster_by)
@@ -270,7 +249,7 @@ class DeltaSparkStore(TableStore):
         if txn is not None:
             writer = writer.option("txnAppId", txn.app_id).option("txnVersion", txn.version)
             writer = writer.option("userMetadata", self._metadata(spec, txn))
-        with session_confs(self.spark, _layout_confs(spec)), self._conflicts(f"{mode} of {spec.key}"):
+        with session_confs(self.spark, layout_confs(spec)), self._conflicts(f"{mode} of {spec.key}"):
             self._save(spec, writer)
         return self._version(spec)
 
@@ -304,7 +283,7 @@ class DeltaSparkStore(TableStore):
         )
         src.createOrReplaceTempView(view)
         try:
-            with self._txn_confs(spec, _one_txn(txns)), self._conflicts(f"merge into {spec.key}"):
+            with self._txn_confs(spec, one_txn(txns)), self._conflicts(f"merge into {spec.key}"):
                 self.spark.sql(f"MERGE INTO {self.ident(spec)} AS t USING {view} AS s ON {on} {matched} {not_matched}")
         finally:
             self.spark.catalog.dropTempView(view)
@@ -312,7 +291,7 @@ class DeltaSparkStore(TableStore):
 
     def delete(self, spec: TableSpec, predicate: Predicate, txns: Sequence[AppTxn] = ()) -> int:
         predicate = predicate_sql(self.spark, predicate, spec.schema)
-        with self._txn_confs(spec, _one_txn(txns)), self._conflicts(f"delete from {spec.key}"):
+        with self._txn_confs(spec, one_txn(txns)), self._conflicts(f"delete from {spec.key}"):
             self.spark.sql(f"DELETE FROM {self.ident(spec)} WHERE {predicate}")
         return self._version(spec)
 
@@ -457,12 +436,8 @@ class DeltaSparkStore(TableStore):
         )
 
     def optimize(self, spec: TableSpec) -> dict[str, Any]:
-        sql, confs = f"OPTIMIZE {self.ident(spec)}", {}
-        if spec.cluster_by:
-            sql += " ZORDER BY (" + ", ".join(quote(c) for c in spec.cluster_by) + ")"
-            target = layout_bytes(spec, self.stats(spec))
-            if target is not None:
-                confs[OPTIMIZE_MAX_FILE_SIZE] = str(target)
+        file_bytes = layout_bytes(spec, self.stats(spec)) if spec.cluster_by else None
+        sql, confs = optimize_sql(self.ident(spec), spec, file_bytes)
         with session_confs(self.spark, confs):
             rows = self.spark.sql(sql).collect()  # one row of metrics
         return rows[0].asDict(recursive=True) if rows else {}
