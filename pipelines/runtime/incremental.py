@@ -21,6 +21,7 @@ publishing a stopped run left undone), and keeps the state cached while the tran
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -243,11 +244,13 @@ def write(
         return ctx.store.append(target, target.arrow_schema.empty_table(), [txn])
     on = rules.on(buckets)
     if rules.appends_above is not None and rules.insert is None:
-        held = _above_target(ctx, target, out, rules.appends_above, buckets, figures)
+        column = rules.appends_above
+        least = functools.cache(lambda: _least(out, column, figures))  # asked at most once, where needed
+        held = _above_target(ctx, target, column, buckets, least)
         if held is not None:  # committed through the version the bound was read at
             log.info("%s: no row of %s can match, appended", flow.name, target.key)
             return ctx.store.append(target, out, [txn], read_version=held.version)
-        on = _from_least(on, rules.appends_above, _least(out, rules.appends_above, figures))
+        on = _from_least(on, column, least())
     return ctx.store.merge(
         target,
         out,
@@ -262,21 +265,20 @@ def write(
 def _above_target(
     ctx: Context,
     target: TableSpec,
-    out: DataFrame,
     column: str,
     buckets: Sequence[int] | None,
-    figures: FlowRecord | None,
+    least: Callable[[], Any],
 ) -> Greatest | None:
-    """The target's bound when every row of ``out`` has ``column`` above every row the target
-    holds in ``buckets`` (the MERGE condition names them), by the target's statistics and the
-    source's least value; None when some row may match."""
+    """The target's bound when every row of the MERGE source has ``column`` above every row the
+    target holds in ``buckets`` (the MERGE condition names them), by the target's statistics and
+    the source's ``least`` value (:func:`_least`); None when some row may match."""
     held = ctx.store.greatest(target, column, buckets)
     if held is None:
         return None
     if held.value is None:  # the target holds no rows there
         return held
-    least = _least(out, column, figures)
-    return held if least is not None and least > held.value else None
+    low = least()
+    return held if low is not None and low > held.value else None
 
 
 def _least(out: DataFrame, column: str, figures: FlowRecord | None) -> Any:
