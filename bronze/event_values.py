@@ -2,19 +2,24 @@
 without a Spark job, for the messages whose outcome is certain.
 
 :func:`bronze.events.parse_events` (Spark) defines what a bronze event is. This parser accepts a
-message only when it can be sure Spark would accept it with the same fields, and *defers* every
-other message to that parser, so every quarantine reason still comes from one place. It accepts:
+message only when it can be sure Spark would accept it with the same fields and the same property
+documents, and *defers* every other message to that parser, so every quarantine reason still comes
+from one place. It accepts:
 
 - UTF-8 text starting with ``{`` holding one JSON object, with no key twice in any object, no
-  ``NaN``/``Infinity``, no integer of more than 18 digits and no number that overflows a double;
+  ``NaN``/``Infinity``, no integer of more than 18 digits, no number that overflows a double and
+  no escaped surrogate (``\\ud83d``: Spark reads a lone one otherwise than Python);
 - ``uuid``, ``event`` (non-empty), ``distinct_id`` and ``timestamp`` strings and an integer
   ``team_id``; a ``uuid`` matching :data:`bronze.events.UUID_PATTERN` in full; a ``timestamp`` of
   the form ``YYYY-MM-DDTHH:MM:SS[.ffffff](Z|+HH:MM|-HH:MM)`` that is a real time;
-- ``properties`` and ``person_properties`` absent, null, an object, or a string holding an object.
+- ``properties`` and ``person_properties`` absent, null, an object, or a string holding an object;
+- in serde_json's notation, no negative zero (Spark reads its sign from the message's text);
+  inside a nested value (an object or array a property holds), no number with an exponent or with
+  more digits than a decimal holds (Spark writes those as Java writes a double).
 
-The object fields keep their original JSON text (``properties`` is ``{}`` when absent). Spark
-renders them again from the parsed value (keys sorted, numbers in its own notation); both texts
-parse to the same value, which is what every later layer reads.
+Each event is parsed once, by the stdlib's C scanner; its property documents
+(:mod:`bronze.properties`) are built from that parse, their numbers in their canonical text
+(:mod:`bronze.number_text`), their nested values as the compact JSON Spark writes.
 """
 
 from __future__ import annotations
@@ -28,22 +33,15 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pyarrow as pa
+from pyspark.sql.pandas.types import to_arrow_schema
 
-from bronze.events import UUID_PATTERN
+from bronze.events import BRONZE_EVENTS_SCHEMA, UUID_PATTERN
+from bronze.number_text import JAVASCRIPT, SERDE_JSON, fractional_text
+from bronze.properties import ARRAY, BOOLEAN, DOCUMENT_COLUMNS, INTEGER, NULL, NUMBER, OBJECT, STRING
 
 #: The columns this parser fills, in bronze order (the landing columns come from the input).
-EVENT_VALUE_SCHEMA = pa.schema(
-    [
-        ("uuid", pa.string()),
-        ("event", pa.string()),
-        ("team_id", pa.int64()),
-        ("distinct_id", pa.string()),
-        ("timestamp", pa.timestamp("us", tz="UTC")),
-        ("properties", pa.string()),
-        ("person_properties", pa.string()),
-        ("raw", pa.string()),
-    ]
-)
+_FILLED = ("uuid", "event", "team_id", "distinct_id", "timestamp", *DOCUMENT_COLUMNS, "raw")
+EVENT_VALUE_SCHEMA = pa.schema([to_arrow_schema(BRONZE_EVENTS_SCHEMA, timezone="UTC").field(c) for c in _FILLED])
 
 _UUID = re.compile(UUID_PATTERN.rstrip("$") + r"\Z")
 # [0-9], not \d: \d also matches other scripts' digits, which Spark does not read as digits.
@@ -51,14 +49,25 @@ _TIME = re.compile(
     r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})(?:\.([0-9]{1,6}))?"
     r"(?:(Z)|([+-])([0-9]{2}):([0-9]{2}))\Z"
 )
-_WS = re.compile(r"[ \t\n\r]*")
-_BLANK = frozenset(" \t\n\r")
 _MAX_INT_DIGITS = 18  # any integer of up to 18 digits is a long, whatever its sign
 _MAX_NUMBER_CHARS = 100  # Spark's JSON reader refuses numbers over 1,000 characters; far from it
+#: A ``\u`` escape of a UTF-16 surrogate: a lone one reads as U+FFFD in Spark and not at all in
+#: Arrow, so such a message is left to Spark (a pair, as an emoji is escaped, goes there too).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abAB]")
+#: A decimal Spark's VARIANT holds (precision and scale up to 38): a fraction without exponent.
+_DECIMAL = re.compile(r"-?([0-9]+)\.([0-9]+)\Z")
+_MAX_DECIMAL_DIGITS = 38
 
 
 class Defer(Exception):
     """The message is left to the Spark parser."""
+
+
+class _Fraction(float):
+    """A number written with a fraction or an exponent: its double, and the text it was written as."""
+
+    __slots__ = ("token",)
+    token: str
 
 
 def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -74,12 +83,26 @@ def _int(text: str) -> int:
     return int(text)
 
 
-def _float(text: str) -> float:
+def _int_serde(text: str) -> int:
+    if text == "-0":
+        raise Defer("a negative zero")
+    return _int(text)
+
+
+def _fraction(text: str) -> _Fraction:
     if len(text) > _MAX_NUMBER_CHARS:
         raise Defer("a long number")
-    value = float(text)
+    value = _Fraction(text)
     if math.isinf(value):
         raise Defer("a number out of range")
+    value.token = text
+    return value
+
+
+def _fraction_serde(text: str) -> _Fraction:
+    value = _fraction(text)
+    if value == 0 and text.startswith("-"):
+        raise Defer("a negative zero")
     return value
 
 
@@ -87,58 +110,16 @@ def _constant(text: str) -> Any:
     raise Defer(f"{text} is not JSON")
 
 
-_DECODER = json.JSONDecoder(object_pairs_hook=_object, parse_int=_int, parse_float=_float, parse_constant=_constant)
-#: (value, end) of the JSON value at a position, with the hooks above: the stdlib's C scanner.
-_scan: Any = json.scanner.make_scanner(_DECODER)  # type: ignore[attr-defined]
+_DECODERS = {
+    JAVASCRIPT: json.JSONDecoder(
+        object_pairs_hook=_object, parse_int=_int, parse_float=_fraction, parse_constant=_constant
+    ),
+    SERDE_JSON: json.JSONDecoder(
+        object_pairs_hook=_object, parse_int=_int_serde, parse_float=_fraction_serde, parse_constant=_constant
+    ),
+}
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
-
-
-def _top_level(text: str) -> tuple[dict[str, Any], dict[str, tuple[int, int]]]:
-    """The top-level object's members and where each value's text is: a walk with the stdlib's C
-    scanner, which parses every value once. Whitespace is skipped only where there is some
-    (compact JSON has none)."""
-    members: dict[str, Any] = {}
-    spans: dict[str, tuple[int, int]] = {}
-    ws: Any = _WS.match  # [ \t\n\r]* always matches
-    try:
-        i = 1
-        if text[i] in _BLANK:
-            i = ws(text, i).end()
-        if text[i] != "}":
-            while True:
-                if text[i] != '"':
-                    raise Defer("not a key")
-                key, i = _scan(text, i)
-                if text[i] in _BLANK:
-                    i = ws(text, i).end()
-                if text[i] != ":":
-                    raise Defer("no colon")
-                start = i + 1
-                if text[start] in _BLANK:
-                    start = ws(text, start).end()
-                value, i = _scan(text, start)
-                if key in members:
-                    raise Defer("a key twice")
-                members[key] = value
-                spans[key] = (start, i)
-                c = text[i]
-                if c in _BLANK:
-                    i = ws(text, i).end()
-                    c = text[i]
-                if c == ",":
-                    i += 1
-                    if text[i] in _BLANK:
-                        i = ws(text, i).end()
-                elif c == "}":
-                    break
-                else:
-                    raise Defer("no comma")
-        if i + 1 != len(text) and ws(text, i + 1).end() != len(text):
-            raise Defer("text after the object")
-    except (StopIteration, IndexError, ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError too
-        raise Defer("not JSON") from exc
-    return members, spans
 
 
 def _text(value: str) -> str:
@@ -166,25 +147,133 @@ def _time(value: Any) -> int:
         raise Defer("not a time") from exc
 
 
-def _object_text(members: dict[str, Any], spans: dict[str, tuple[int, int]], text: str, key: str) -> str | None:
-    """An object field's JSON text (None when absent or null), from an object or a string holding one."""
+def _object_field(members: dict[str, Any], key: str, decoder: json.JSONDecoder) -> dict[str, Any] | None:
+    """An object field (None when absent or null), given as an object or as a string holding one."""
     value = members.get(key)
-    if value is None:
-        return None
-    if type(value) is dict:
-        start, end = spans[key]
-        return text[start:end]
+    if value is None or type(value) is dict:
+        return value
     if type(value) is str and value[:1] == "{":
         try:
-            inner = _DECODER.decode(value)
+            inner = decoder.decode(value)
         except (ValueError, RecursionError) as exc:
             raise Defer("not JSON") from exc
         if type(inner) is dict:
-            return _text(value)
+            return inner
     raise Defer(f"{key} is not an object")
 
 
-def _event(value: bytes | None, max_bytes: int) -> tuple[Any, ...]:
+# -- the documents ----------------------------------------------------------------------------------
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+_NEEDS_ESCAPE = re.compile(r'["\\\x00-\x1f]')
+
+
+def _json_string(s: str) -> str:
+    """A string as Spark's VARIANT writes it in JSON (Jackson's escapes, ``\\u00XX`` in capitals)."""
+    if _NEEDS_ESCAPE.search(s) is None:
+        return f'"{s}"'
+    return '"' + _NEEDS_ESCAPE.sub(lambda m: _ESCAPES.get(m[0]) or f"\\u{ord(m[0]):04X}", s) + '"'
+
+
+def _utf16(key: str) -> bytes:
+    return key.encode("utf-16-be", "surrogatepass")
+
+
+def _decimal_json(token: str) -> str:
+    """A fraction written without exponent as Spark's VARIANT writes the decimal it holds: its
+    digits without trailing zeros (``1.50`` is ``1.5``, ``877.0`` is ``877``, ``-0.0`` is ``0``)."""
+    m = _DECIMAL.match(token)
+    if m is None:
+        raise Defer("a nested number Spark holds as a double")
+    whole, fraction = m.groups()
+    if len(fraction) > _MAX_DECIMAL_DIGITS or len((whole + fraction).lstrip("0")) > _MAX_DECIMAL_DIGITS:
+        raise Defer("a nested number Spark holds as a double")
+    fraction = fraction.rstrip("0")
+    digits = whole.lstrip("0") or "0"
+    if digits == "0" and not fraction:
+        return "0"
+    sign = "-" if token.startswith("-") else ""
+    return f"{sign}{digits}.{fraction}" if fraction else sign + digits
+
+
+def _nested_json(value: Any) -> str:
+    """A nested value as Spark writes the VARIANT it parses to: compact, keys in UTF-16 order."""
+    kind = type(value)
+    if kind is str:
+        return _json_string(value)
+    if kind is dict:
+        items = sorted(value.items(), key=lambda kv: _utf16(kv[0]))
+        return "{" + ",".join(f"{_json_string(k)}:{_nested_json(v)}" for k, v in items) + "}"
+    if kind is list:
+        return "[" + ",".join(_nested_json(v) for v in value) + "]"
+    if kind is bool:
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if kind is int:
+        return str(value)
+    return _decimal_json(value.token)
+
+
+class _Documents:
+    """One document column being built: a map per row (or null), its entries in flat lists."""
+
+    def __init__(self, notation: str) -> None:
+        self.notation = notation
+        self.offsets: list[int] = [0]
+        self.nulls: list[bool] = []
+        self.keys: list[str] = []
+        self.kinds: list[str] = []
+        self.texts: list[str | None] = []
+
+    def add(self, obj: dict[str, Any] | None) -> None:
+        if obj is None:
+            self.nulls.append(True)
+            self.offsets.append(self.offsets[-1])
+            return
+        keys, kinds, texts = self.keys, self.kinds, self.texts
+        for key, value in obj.items():
+            kind = type(value)
+            if kind is str:
+                kinds.append(STRING)
+                texts.append(value)
+            elif kind is int:
+                kinds.append(INTEGER)
+                texts.append(str(value))
+            elif kind is bool:
+                kinds.append(BOOLEAN)
+                texts.append("true" if value else "false")
+            elif kind is _Fraction:
+                kinds.append(NUMBER)
+                texts.append(fractional_text(value, self.notation))
+            elif value is None:
+                kinds.append(NULL)
+                texts.append(None)
+            else:
+                kinds.append(OBJECT if kind is dict else ARRAY)
+                texts.append(_nested_json(value))
+            keys.append(key)
+        self.nulls.append(False)
+        self.offsets.append(len(keys))
+
+    def keep(self, rows: int) -> None:
+        """Forget what was added after the first ``rows`` rows (a message deferred after all)."""
+        del self.nulls[rows:], self.offsets[rows + 1 :]
+        end = self.offsets[-1]
+        del self.keys[end:], self.kinds[end:], self.texts[end:]
+
+    def array(self, type_: pa.DataType) -> pa.Array:
+        entries = pa.StructArray.from_arrays(
+            [pa.array(self.kinds, pa.string()), pa.array(self.texts, pa.string())], names=["kind", "text"]
+        )
+        mask = pa.array(self.nulls, pa.bool_()) if any(self.nulls) else None
+        out = pa.MapArray.from_arrays(
+            pa.array(self.offsets, pa.int32()), pa.array(self.keys, pa.string()), entries, mask=mask
+        )
+        return out.cast(type_)
+
+
+def _event(value: bytes | None, max_bytes: int, decoder: json.JSONDecoder) -> tuple[tuple[Any, ...], list[Any]]:
+    """A message's fields and its five objects (the documents' sources, in DOCUMENT_COLUMNS order)."""
     if value is None or len(value) > max_bytes:
         raise Defer("size")
     try:
@@ -193,16 +282,26 @@ def _event(value: bytes | None, max_bytes: int) -> tuple[Any, ...]:
         raise Defer("not UTF-8") from exc
     if text[:1] != "{":
         raise Defer("not an object")
-    members, spans = _top_level(text)
+    if "\\u" in text and _SURROGATE_ESCAPE.search(text) is not None:
+        raise Defer("an escaped surrogate")
+    try:
+        members = decoder.decode(text)
+    except (ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError too
+        raise Defer("not JSON") from exc
     uuid, event, team, distinct = (members.get(k) for k in ("uuid", "event", "team_id", "distinct_id"))
     if type(uuid) is not str or _UUID.match(uuid) is None:
         raise Defer("uuid")
     if type(event) is not str or not event or type(distinct) is not str or type(team) is not int:
         raise Defer("fields")
     timestamp = _time(members.get("timestamp"))
-    properties = _object_text(members, spans, text, "properties")
-    person = _object_text(members, spans, text, "person_properties")
-    return (uuid, _text(event), team, _text(distinct), timestamp, properties or "{}", person, text)
+    properties = _object_field(members, "properties", decoder)
+    props = {} if properties is None else properties
+    objects = [
+        props,
+        _object_field(members, "person_properties", decoder),
+        *(v if type(v := props.get(k)) is dict else None for k in ("$set", "$set_once", "$group_set")),
+    ]
+    return (uuid, _text(event), team, _text(distinct), timestamp, text), objects
 
 
 @dataclass(frozen=True)
@@ -215,24 +314,35 @@ class ParsedValues:
     deferred: list[int]
 
 
-def parse_event_values(values: Sequence[bytes | None], max_bytes: int) -> ParsedValues:
-    """Message values -> bronze event rows for the messages the Spark parser would accept alike;
-    the others' positions in ``deferred``."""
+def parse_event_values(values: Sequence[bytes | None], max_bytes: int, notation: str = JAVASCRIPT) -> ParsedValues:
+    """Message values -> bronze event rows for the messages the Spark parser would accept alike
+    (property documents with numbers in ``notation``); the others' positions in ``deferred``."""
+    decoder = _DECODERS[notation]
     accepted: list[int] = []
     deferred: list[int] = []
-    columns: list[list[Any]] = [[] for _ in EVENT_VALUE_SCHEMA]
+    fields: list[list[Any]] = [[] for _ in range(6)]  # uuid, event, team_id, distinct_id, timestamp, raw
+    documents = [_Documents(notation) for _ in DOCUMENT_COLUMNS]
     for i, value in enumerate(values):
         try:
-            row = _event(value, max_bytes)
+            row, objects = _event(value, max_bytes, decoder)
+            for doc, obj in zip(documents, objects, strict=True):
+                doc.add(obj)
         except Defer:
+            for doc in documents:
+                doc.keep(len(accepted))
             deferred.append(i)
             continue
         accepted.append(i)
-        for column, item in zip(columns, row, strict=True):
+        for column, item in zip(fields, row, strict=True):
             column.append(item)
+    uuid, event, team, distinct, timestamp, raw = fields
     arrays = [
-        pa.array(c, pa.int64()).cast(f.type) if f.name == "timestamp" else pa.array(c, f.type)
-        for c, f in zip(columns, EVENT_VALUE_SCHEMA, strict=True)
+        pa.array(uuid, pa.string()),
+        pa.array(event, pa.string()),
+        pa.array(team, pa.int64()),
+        pa.array(distinct, pa.string()),
+        pa.array(timestamp, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+        *(doc.array(EVENT_VALUE_SCHEMA.field(c).type) for doc, c in zip(documents, DOCUMENT_COLUMNS, strict=True)),
+        pa.array(raw, pa.string()),
     ]
-    rows = pa.Table.from_arrays(arrays, schema=EVENT_VALUE_SCHEMA)
-    return ParsedValues(rows, accepted, deferred)
+    return ParsedValues(pa.Table.from_arrays(arrays, schema=EVENT_VALUE_SCHEMA), accepted, deferred)

@@ -41,7 +41,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from bronze.number_text import JAVASCRIPT, fractional_text
 from bronze.primitives import ConfigError, Duration, named, non_negative, unique_names
+from bronze.properties import PROPS
 
 COUNTER_PARTIALS_SCHEMA = StructType(
     [
@@ -168,18 +170,24 @@ def load_registry(path: Path) -> Registry:
 
 
 # -- stage 1: increments --------------------------------------------------------------------------
-def property_value(properties: Column, key: str) -> Column:
-    """A property of the JSON ``properties`` as a string (nested values as JSON)."""
-    return F.from_json(properties, "map<string,string>")[key]
+def property_value(props: Column, key: str) -> Column:
+    """A property's canonical text, from the event's parsed properties (:mod:`bronze.properties`;
+    a nested value as its compact JSON, a null as null)."""
+    return props[key]["text"]
 
 
-def _literal(v: Scalar) -> str:
+def _literal(v: Scalar, notation: str) -> str:
+    """A registry value as the documents write it: a number in its canonical text."""
     if isinstance(v, bool):
         return "true" if v else "false"
+    if isinstance(v, float):
+        return fractional_text(v, notation)
     return str(v)
 
 
-def increments(events: DataFrame, registry: Registry, window: timedelta, seq: int) -> DataFrame:
+def increments(
+    events: DataFrame, registry: Registry, window: timedelta, seq: int, notation: str = JAVASCRIPT
+) -> DataFrame:
     """Silver events -> partial counts per counter, entity and window (events without the entity
     property do not count)."""
     frames = []
@@ -187,11 +195,11 @@ def increments(events: DataFrame, registry: Registry, window: timedelta, seq: in
         matched = events.where(F.col("event").isin(c.events()))
         for key, want in c.where.items():
             values = want if isinstance(want, list) else [want]
-            matched = matched.where(property_value(F.col("properties"), key).isin([_literal(v) for v in values]))
+            matched = matched.where(property_value(F.col(PROPS), key).isin([_literal(v, notation) for v in values]))
         frames.append(
             matched.select(
                 F.lit(c.name).alias("counter"),
-                property_value(F.col("properties"), c.entity).alias("entity"),
+                property_value(F.col(PROPS), c.entity).alias("entity"),
                 F.window("event_time", f"{int(window.total_seconds())} seconds")["start"].alias("window_start"),
             ).where(F.col("entity").isNotNull())
         )

@@ -3,7 +3,7 @@ per event-time window in two stages.
 
 Stage 1 (map) turns each batch of silver events into partial counts per tuple and window; stage 2
 (merge) sums partials per tuple and window and adds them to the gold table. The fan-out explodes
-the property documents silver parsed once (``silver.properties``); it runs no Python UDF.
+the property documents bronze parsed once (``bronze.properties``); it runs no Python UDF.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
 from bronze.primitives import window_start
-from silver.properties import (
+from bronze.properties import (
     DOCUMENT,
     GROUP_SET_PROPS,
     INTEGER,
@@ -164,7 +164,7 @@ def fan_out(rules: FanoutRules) -> Callable[[DataFrame], DataFrame]:
     """Silver events -> one row per property entry, with ``property_value`` as text and a
     ``skip_reason`` (null for a tuple that counts).
 
-    Reads the documents silver parsed (``silver.properties``): each entry's text is already
+    Reads the documents bronze parsed (``bronze.properties``): each entry's text is already
     canonical, so this is explodes and comparisons only.
     """
 

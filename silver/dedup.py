@@ -26,7 +26,7 @@ from bronze.primitives import micros
 IDENTITY = ("team_id", "uuid")
 #: Bronze's columns (and its change feed's) that give the order events landed in, then the content
 #: that breaks ties between copies landed together.
-LANDING_ORDER = ("_commit_version", "source_file", "partition", "offset", "event", "distinct_id", "properties")
+LANDING_ORDER = ("_commit_version", "source_file", "partition", "offset", "raw")
 REPEAT = "_repeat"
 
 

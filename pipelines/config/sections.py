@@ -1,4 +1,4 @@
-"""The settings' sections: Spark, Kafka, ClickHouse, silver, gold, buckets, remote write, quality,
+"""The settings' sections: Spark, Kafka, ClickHouse, bronze, silver, gold, buckets, remote write, quality,
 metrics and counters. :mod:`pipelines.config.settings` nests them into :class:`~pipelines.config.settings.Settings`."""
 
 from __future__ import annotations
@@ -132,18 +132,26 @@ class ClickHouseSettings(_Section):
         return v
 
 
+class BronzeSettings(_Section):
+    number_notation: Literal["javascript", "serde_json"] = Field(
+        default="javascript",
+        description=(
+            "how a property's number is written in the documents bronze parses each event into (and so "
+            "in gold's values and ClickHouse): JavaScript's String(x) (1, 0.000001, 1e+21), or "
+            "serde_json's as PostHog's property-vals-rs writes it (1.0, 1e-6, 1e21); events landed "
+            "before a change keep the notation they were landed with"
+        ),
+    )
+
+
 class SilverSettings(_Section):
     dedup_horizon: Duration = Field(
         default=timedelta(hours=24),
         description="an event whose (team_id, uuid) silver holds within this much event time is a repeat; 0: off",
     )
-    number_notation: Literal["javascript", "serde_json"] = Field(
-        default="javascript",
-        description=(
-            "how a property's number is written in silver's documents, gold's values and ClickHouse: "
-            "JavaScript's String(x) (1, 0.000001, 1e+21), or serde_json's as PostHog's property-vals-rs "
-            "writes it (1.0, 1e-6, 1e21)"
-        ),
+    number_notation: Literal["javascript", "serde_json"] | None = Field(
+        default=None,
+        description="the earlier name of bronze.number_notation, read where that one is not set",
     )
 
     _check_horizon = field_validator("dedup_horizon")(lambda v: non_negative(v, "dedup_horizon (0: off)"))

@@ -26,6 +26,7 @@ from pipelines.config.sections import (
     CONFIG_ENV,
     ENV_NESTED,
     ENV_PREFIX,
+    BronzeSettings,
     BucketSettings,
     ClickHouseSettings,
     CounterSettings,
@@ -72,6 +73,7 @@ class Settings(BaseSettings):
     spark: SparkSettings = Field(default_factory=SparkSettings)
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
+    bronze: BronzeSettings = Field(default_factory=BronzeSettings)
     silver: SilverSettings = Field(default_factory=SilverSettings)
     page_changes: PageChangeSettings = Field(default_factory=PageChangeSettings)
     gold: GoldSettings = Field(default_factory=GoldSettings)
@@ -99,6 +101,8 @@ class Settings(BaseSettings):
             raise ValueError("table_kind=managed names tables in a catalog: set catalog and schema")
         if self.catalog is not None and self.delta_engine != "delta-spark":
             raise ValueError("tables by catalog name need delta_engine=delta-spark (delta-rs reads tables by path)")
+        if self.silver.number_notation is not None and "number_notation" not in self.bronze.model_fields_set:
+            self.bronze.number_notation = self.silver.number_notation  # its earlier name
         if self.clickhouse.dsn is None:
             if "://" in self.lake_root:
                 raise ValueError("clickhouse.dsn must be set when lake_root is a remote URL")

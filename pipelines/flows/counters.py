@@ -37,14 +37,16 @@ NO_REGISTRY = "no counter registry configured (counters.registry)"
 
 @dataclass(frozen=True)
 class CounterConfig:
-    """What the counter flows are configured with: the registry (None: no counters) and the window."""
+    """What the counter flows are configured with: the registry (None: no counters), the window and
+    the notation the property documents' numbers are written in (which a registry value matches)."""
 
     registry: Registry | None
     window: timedelta
+    notation: str = "javascript"
 
 
 def counter_config(settings: Settings) -> CounterConfig:
-    return CounterConfig(counter_registry(settings), settings.counters.window)
+    return CounterConfig(counter_registry(settings), settings.counters.window, settings.bronze.number_notation)
 
 
 def no_registry(config: CounterConfig) -> str | None:
@@ -54,7 +56,7 @@ def no_registry(config: CounterConfig) -> str | None:
 def partials(batch: Batch, config: CounterConfig, record: FlowRecord) -> DataFrame:
     """Stage 1: new silver events -> increments per counter, entity and window."""
     assert config.registry is not None  # no_registry
-    return record.cache(increments(batch.rows, config.registry, config.window, batch.end))
+    return record.cache(increments(batch.rows, config.registry, config.window, batch.end, config.notation))
 
 
 def partials_figures(rows: DataFrame, config: CounterConfig, record: FlowRecord) -> None:

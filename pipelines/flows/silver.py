@@ -33,16 +33,14 @@ from silver.page_changes import (
 
 @dataclass(frozen=True)
 class SilverConfig:
-    """What silver.events is configured with: the team buckets, the dedup horizon (0: off) and the
-    notation of the documents' numbers."""
+    """What silver.events is configured with: the team buckets and the dedup horizon (0: off)."""
 
     mapping: BucketMapping
     horizon: timedelta
-    notation: str = "javascript"
 
 
 def silver_config(settings: Settings) -> SilverConfig:
-    return SilverConfig(bucket_mapping(settings), settings.silver.dedup_horizon, settings.silver.number_notation)
+    return SilverConfig(bucket_mapping(settings), settings.silver.dedup_horizon)
 
 
 def events(batch: Batch, config: SilverConfig, record: FlowRecord) -> DataFrame:
@@ -50,15 +48,13 @@ def events(batch: Batch, config: SilverConfig, record: FlowRecord) -> DataFrame:
     event once: repeats of an identity silver or the batch already holds within the horizon are
     dropped and counted (:mod:`silver.dedup`).
 
-    Not cached: the gate's checks and the figures read the event columns only, so Spark leaves the
-    property parse out of them and re-reads those columns from bronze; the documents are parsed
-    once, by the write. (Caching the batch cost more than the parse it saved: the cache holds
-    every parsed document.)
+    Not cached: the gate's checks and the figures read the event columns only, and the write
+    copies bronze's property documents as they are (bronze parsed each event once).
     """
     rows = batch.rows.transform(assign_buckets(config.mapping)).transform(in_buckets(batch.options.buckets))
     if config.horizon:
         rows = rows.transform(without_repeats(batch, config.horizon, record))
-    out = rows.transform(to_silver_events(config.mapping, config.notation))
+    out = rows.transform(to_silver_events(config.mapping))
     buckets = batch.options.buckets or range(config.mapping.count)
     if len(buckets) > OBSERVED_BUCKETS:  # a figure per bucket is a query of its own (events_figures)
         return out

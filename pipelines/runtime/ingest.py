@@ -44,13 +44,14 @@ class Kind:
     bronze's checks it adds."""
 
     target: TableSpec
-    #: ``max_bytes`` -> landing rows -> parsed rows (with ``REASON`` for the ones quarantined).
-    parse: Callable[[int], Callable[[DataFrame], DataFrame]]
+    #: ``(max_bytes, notation)`` -> landing rows -> parsed rows (with ``REASON`` for the ones
+    #: quarantined); the notation of the numbers in the property documents the parse builds.
+    parse: Callable[[int, str], Callable[[DataFrame], DataFrame]]
     columns: list[str]
     #: Parsed rows -> whether the row's document repeats a key (counted as ``duplicate_keys``).
     repeats_keys: Callable[[DataFrame], Column] | None = None
     #: Parses message values in this process (``kafka.parse_in_process``), without Spark.
-    parse_values: Callable[[Sequence[bytes | None], int], ParsedValues] | None = None
+    parse_values: Callable[[Sequence[bytes | None], int, str], ParsedValues] | None = None
 
 
 KINDS = {
@@ -58,10 +59,12 @@ KINDS = {
         BRONZE_EVENTS,
         parse_events,
         BRONZE_EVENTS_COLUMNS,
-        repeats_keys=lambda parsed: duplicate_keys(parsed["value"].cast("string")),
+        repeats_keys=lambda parsed: duplicate_keys(parsed["raw"]),
         parse_values=parse_event_values,
     ),
-    "page_changes": Kind(BRONZE_PAGE_CHANGES, parse_page_changes, BRONZE_PAGE_CHANGES_COLUMNS),
+    "page_changes": Kind(
+        BRONZE_PAGE_CHANGES, lambda max_bytes, _: parse_page_changes(max_bytes), BRONZE_PAGE_CHANGES_COLUMNS
+    ),
 }
 
 
@@ -115,7 +118,7 @@ def parse_landing(
     spec = KINDS[kind]
     target = spec.target
     rows = ctx.spark.createDataFrame(landing) if isinstance(landing, pa.Table) else landing
-    parsed = rows.transform(spec.parse(ctx.settings.kafka.max_message_bytes))
+    parsed = rows.transform(spec.parse(ctx.settings.kafka.max_message_bytes, ctx.settings.bronze.number_notation))
     counted = {"rows": F.count(F.lit(1)), "bad": F.count_if(F.col(REASON).isNotNull())}
     if spec.repeats_keys is not None:
         counted["duplicate_keys"] = F.count_if(F.col(REASON).isNull() & spec.repeats_keys(parsed))
@@ -150,7 +153,10 @@ def land_messages(
     bad: list[pa.Table] = []
     rest = landing
     if spec.parse_values is not None and ctx.settings.kafka.parse_in_process:
-        parsed = spec.parse_values([m.value for m in messages], ctx.settings.kafka.max_message_bytes)
+        settings = ctx.settings
+        parsed = spec.parse_values(
+            [m.value for m in messages], settings.kafka.max_message_bytes, settings.bronze.number_notation
+        )
         if parsed.accepted:
             where = landing.take(pa.array(parsed.accepted, pa.int64()))
             fields = {**{c: parsed.rows[c] for c in parsed.rows.column_names}, **{c: where[c] for c in LANDING_COLUMNS}}

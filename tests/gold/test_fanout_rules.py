@@ -3,6 +3,10 @@
 Each case is an input event (its JSON text written out by hand) and the exact multiset of
 ``(property_type, key, value, skip_reason)`` rows it must give. Number texts were checked against
 JavaScript's ``String(JSON.parse(token))``; one test asks Node itself when it is installed.
+
+Every case goes through bronze's parse as the pipeline runs it, in each lane: Spark's
+(:func:`bronze.events.parse_events`, files) and the Kafka ingest process's
+(:func:`bronze.event_values.parse_event_values`, which leaves what it is unsure of to Spark).
 """
 
 from __future__ import annotations
@@ -14,31 +18,90 @@ import struct
 import subprocess
 from datetime import UTC, datetime, timedelta
 
+import pyarrow as pa
 import pytest
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
+from bronze.event_values import parse_event_values
+from bronze.events import BRONZE_EVENTS_COLUMNS, parse_events
+from bronze.landing import valid
+from bronze.properties import DOCUMENT_COLUMNS, JAVASCRIPT, SERDE_JSON
 from gold.property_values import FanoutRules, fan_out, merge_source, partials
-from silver.properties import JAVASCRIPT, SERDE_JSON, parse_documents
+from tests.helpers import landing
 
 T = datetime(2024, 6, 1, 0, 0, 10, tzinfo=UTC)
-EVENTS = "team_id long, bucket int, event string, event_time timestamp, batch_id string, properties string, person_properties string"
 ROW = "property_type string, property_key string, property_value string, skip_reason string"
 Row = tuple[str | None, str, str | None, str | None]
 DEFAULT = FanoutRules()
+MAX_BYTES = 1 << 20
+#: (team_id, event, event time, bronze batch, properties' JSON text or None, person_properties' or None)
+Event = tuple[int, str, datetime, str, str | None, str | None]
+
+
+@pytest.fixture(params=["spark", "in-process"])
+def lane(request: pytest.FixtureRequest) -> str:
+    """Which parser lands the events: Spark's, or the Kafka ingest process's (Spark for the rest)."""
+    return str(request.param)
+
+
+def message(i: int, e: Event) -> bytes:
+    team, event, time, _, properties, person = e
+    fields = [
+        f'"uuid":"00000000-0000-4000-8000-{i:012d}"',
+        f'"event":{json.dumps(event)}',
+        f'"team_id":{team}',
+        '"distinct_id":"d1"',
+        f'"timestamp":"{time.astimezone(UTC):%Y-%m-%dT%H:%M:%S.%fZ}"',
+        *([f'"properties":{properties}'] if properties is not None else []),
+        *([f'"person_properties":{person}'] if person is not None else []),
+    ]
+    return ("{" + ",".join(fields) + "}").encode()
+
+
+def silver_events(spark: SparkSession, events: list[Event], lane: str, notation: str = JAVASCRIPT) -> DataFrame:
+    """The events as bronze lands them in ``lane`` (a message that is not JSON is quarantined),
+    with the columns gold reads from silver (bucket 0; the batch as given)."""
+    values = [message(i, e) for i, e in enumerate(events)]
+    batches = spark.createDataFrame([(i, e[3]) for i, e in enumerate(events)], "i long, batch string")
+    rest = list(range(len(values)))
+    lanes = []
+    if lane == "in-process":
+        parsed = parse_event_values(values, MAX_BYTES, notation)
+        if parsed.accepted:
+            rows = parsed.rows.append_column("offset", pa.array(parsed.accepted, pa.int64()))
+            lanes.append(spark.createDataFrame(rows))
+        rest = parsed.deferred
+    if rest:
+        spark_rows = landing(spark, [values[i] for i in rest]).transform(parse_events(MAX_BYTES, notation))
+        positions = spark.createDataFrame([(k, i) for k, i in enumerate(rest)], "k long, offset long")
+        good = valid(spark_rows, BRONZE_EVENTS_COLUMNS).withColumnRenamed("offset", "k").join(positions, "k")
+        lanes.append(good)
+    landed = lanes[0]
+    for more in lanes[1:]:
+        landed = landed.unionByName(more, allowMissingColumns=True)
+    return landed.join(batches, F.col("offset") == F.col("i")).select(
+        "team_id",
+        F.lit(0).alias("bucket"),
+        "event",
+        F.col("timestamp").alias("event_time"),
+        F.col("batch").alias("batch_id"),
+        *DOCUMENT_COLUMNS,
+    )
 
 
 def fanned(
     spark: SparkSession,
+    lane: str,
     properties: str | None,
     event: str = "$pageview",
     person: str | None = None,
     rules: FanoutRules = DEFAULT,
     notation: str = JAVASCRIPT,
 ) -> DataFrame:
-    df = spark.createDataFrame([(7, 0, event, T, "b1", properties, person)], EVENTS)
     return (
-        df.transform(parse_documents(notation=notation))
+        silver_events(spark, [(7, event, T, "b1", properties, person)], lane, notation)
         .transform(fan_out(rules))
         .select("property_type", "property_key", "property_value", "skip_reason")
     )
@@ -77,18 +140,18 @@ NUMBERS = {
 }
 
 
-def test_numbers_have_one_canonical_text(spark: SparkSession) -> None:
+def test_numbers_have_one_canonical_text(spark: SparkSession, lane: str) -> None:
     properties = "{" + ",".join(f'"k{i}":{token}' for i, token in enumerate(NUMBERS)) + "}"
     expect(
         spark,
-        fanned(spark, properties),
+        fanned(spark, lane, properties),
         [("event", f"k{i}", text, None) for i, text in enumerate(NUMBERS.values())],
     )
 
 
-def test_the_same_number_written_two_ways_is_one_value(spark: SparkSession) -> None:
-    a = fanned(spark, '{"price":2.5e3,"ratio":1.50}')
-    b = fanned(spark, '{"price":2500.0,"ratio":1.5}')
+def test_the_same_number_written_two_ways_is_one_value(spark: SparkSession, lane: str) -> None:
+    a = fanned(spark, lane, '{"price":2.5e3,"ratio":1.50}')
+    b = fanned(spark, lane, '{"price":2500.0,"ratio":1.5}')
     assert (
         sorted(a.collect())
         == sorted(b.collect())
@@ -97,7 +160,7 @@ def test_the_same_number_written_two_ways_is_one_value(spark: SparkSession) -> N
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js as the independent model")
-def test_fractional_numbers_are_written_as_javascript_writes_them(spark: SparkSession) -> None:
+def test_fractional_numbers_are_written_as_javascript_writes_them(spark: SparkSession, lane: str) -> None:
     rng = random.Random(17)
     doubles = [struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0] for _ in range(300)]
     doubles += [rng.uniform(-1e6, 1e6) for _ in range(200)] + [
@@ -115,7 +178,7 @@ def test_fractional_numbers_are_written_as_javascript_writes_them(spark: SparkSe
     )
     want = json.loads(node.stdout)
     properties = "{" + ",".join(f'"k{i}":{t}' for i, t in enumerate(tokens)) + "}"
-    got = {r["property_key"]: r["property_value"] for r in fanned(spark, properties).collect()}
+    got = {r["property_key"]: r["property_value"] for r in fanned(spark, lane, properties).collect()}
     wrong = [(t, got[f"k{i}"], w) for i, (t, w) in enumerate(zip(tokens, want, strict=True)) if got[f"k{i}"] != w]
     assert not wrong, wrong[:10]
 
@@ -178,9 +241,11 @@ SERDE_NUMBERS = {
 }
 
 
-def test_serde_json_notation_writes_each_number_as_serde_json_does(spark: SparkSession) -> None:
+def test_serde_json_notation_writes_each_number_as_serde_json_does(spark: SparkSession, lane: str) -> None:
     properties = "{" + ",".join(f'"k{i}":{token}' for i, token in enumerate(SERDE_NUMBERS)) + "}"
-    got = {r["property_key"]: r["property_value"] for r in fanned(spark, properties, notation=SERDE_JSON).collect()}
+    got = {
+        r["property_key"]: r["property_value"] for r in fanned(spark, lane, properties, notation=SERDE_JSON).collect()
+    }
     wrong = [(t, got.get(f"k{i}"), w) for i, (t, w) in enumerate(SERDE_NUMBERS.items()) if got.get(f"k{i}") != w]
     assert not wrong, wrong
 
@@ -207,7 +272,7 @@ PROPERTY_VALS_RS_CASES = [
 
 
 @pytest.mark.parametrize("notation", [JAVASCRIPT, SERDE_JSON])
-def test_property_vals_rs_fan_out_cases_give_its_tuples(spark: SparkSession, notation: str) -> None:
+def test_property_vals_rs_fan_out_cases_give_its_tuples(spark: SparkSession, lane: str, notation: str) -> None:
     # One event per case (its team is the case's index), and its excluded-keys case on event and
     # person properties alike; all fanned out in one query.
     excluded = ("$insert_id", "distinct_id", "$session_id")
@@ -218,12 +283,15 @@ def test_property_vals_rs_fan_out_cases_give_its_tuples(spark: SparkSession, not
             [("$browser", "Chrome"), ("email", "a@b.com"), ("plan", "enterprise")],
         )
     ]
-    events = spark.createDataFrame(
-        [(team, 0, "$pageview", T, "b1", blob, person) for team, (blob, person, _) in enumerate(cases)], EVENTS
+    # A blob that is not JSON makes its message none either: bronze quarantines it, and it counts nothing.
+    events = silver_events(
+        spark,
+        [(team, "$pageview", T, "b1", blob, person) for team, (blob, person, _) in enumerate(cases)],
+        lane,
+        notation,
     )
     rows = (
-        events.transform(parse_documents(notation=notation))
-        .transform(fan_out(FanoutRules(excluded_keys=excluded)))
+        events.transform(fan_out(FanoutRules(excluded_keys=excluded)))
         .where("skip_reason IS NULL")
         .select("team_id", "property_key", "property_value")
         .collect()
@@ -233,10 +301,10 @@ def test_property_vals_rs_fan_out_cases_give_its_tuples(spark: SparkSession, not
         assert got == sorted(tuples), (blob, person)
 
 
-def test_booleans_strings_nulls_and_empties(spark: SparkSession) -> None:
+def test_booleans_strings_nulls_and_empties(spark: SparkSession, lane: str) -> None:
     expect(
         spark,
-        fanned(spark, '{"t":true,"f":false,"s":"true","n":null,"e":"","":"v","sp":" "}'),
+        fanned(spark, lane, '{"t":true,"f":false,"s":"true","n":null,"e":"","":"v","sp":" "}'),
         [
             ("event", "t", "true", None),
             ("event", "f", "false", None),
@@ -249,7 +317,7 @@ def test_booleans_strings_nulls_and_empties(spark: SparkSession) -> None:
     )
 
 
-def test_caps_count_characters_not_bytes(spark: SparkSession) -> None:
+def test_caps_count_characters_not_bytes(spark: SparkSession, lane: str) -> None:
     emoji, cyrillic = "😀", "я"
     properties = json.dumps(
         {
@@ -263,7 +331,7 @@ def test_caps_count_characters_not_bytes(spark: SparkSession) -> None:
     )
     expect(
         spark,
-        fanned(spark, properties),
+        fanned(spark, lane, properties),
         [
             ("event", "e255", emoji * 255, None),
             ("event", "e256", emoji * 256, "value_too_long"),
@@ -274,7 +342,7 @@ def test_caps_count_characters_not_bytes(spark: SparkSession) -> None:
     )
 
 
-def test_excluded_keys_apply_to_event_person_and_group_properties(spark: SparkSession) -> None:
+def test_excluded_keys_apply_to_event_person_and_group_properties(spark: SparkSession, lane: str) -> None:
     properties = json.dumps(
         {
             "secret": 1,
@@ -284,7 +352,9 @@ def test_excluded_keys_apply_to_event_person_and_group_properties(spark: SparkSe
             "$group_set": {"secret": 4, "name": "Acme"},
         }
     )
-    got = fanned(spark, properties, "$groupidentify", rules=FanoutRules(excluded_keys=("secret", "$set", "$group_set")))
+    got = fanned(
+        spark, lane, properties, "$groupidentify", rules=FanoutRules(excluded_keys=("secret", "$set", "$group_set"))
+    )
     expect(
         spark,
         got,
@@ -302,14 +372,18 @@ def test_excluded_keys_apply_to_event_person_and_group_properties(spark: SparkSe
 
 
 # -- person properties ------------------------------------------------------------------------------
-def test_one_person_observation_per_key_person_properties_then_set_then_set_once(spark: SparkSession) -> None:
+def test_one_person_observation_per_key_person_properties_then_set_then_set_once(
+    spark: SparkSession, lane: str
+) -> None:
     properties = json.dumps(
         {
             "$set": {"plan": "pro", "a": 1, "email": "x@y"},
             "$set_once": {"a": 2, "first_seen": "mon", "plan": "free"},
         }
     )
-    got = fanned(spark, properties, person=json.dumps({"plan": "pro", "tier": 3})).where("property_type = 'person'")
+    got = fanned(spark, lane, properties, person=json.dumps({"plan": "pro", "tier": 3})).where(
+        "property_type = 'person'"
+    )
     expect(
         spark,
         got,
@@ -323,13 +397,13 @@ def test_one_person_observation_per_key_person_properties_then_set_then_set_once
     )
 
 
-def test_person_properties_win_over_a_different_set_value(spark: SparkSession) -> None:
-    got = fanned(spark, '{"$set":{"plan":"free"}}', person='{"plan":"pro"}').where("property_type = 'person'")
+def test_person_properties_win_over_a_different_set_value(spark: SparkSession, lane: str) -> None:
+    got = fanned(spark, lane, '{"$set":{"plan":"free"}}', person='{"plan":"pro"}').where("property_type = 'person'")
     expect(spark, got, [("person", "plan", "pro", None)])
 
 
-def test_set_and_set_once_alone(spark: SparkSession) -> None:
-    got = fanned(spark, '{"$set":{"a":1},"$set_once":{"a":2,"b":3}}').where("property_type = 'person'")
+def test_set_and_set_once_alone(spark: SparkSession, lane: str) -> None:
+    got = fanned(spark, lane, '{"$set":{"a":1},"$set_once":{"a":2,"b":3}}').where("property_type = 'person'")
     expect(spark, got, [("person", "a", "1", None), ("person", "b", "3", None)])
 
 
@@ -351,22 +425,24 @@ def test_set_and_set_once_alone(spark: SparkSession) -> None:
     ],
 )
 def test_group_type_index_is_a_u8(
-    spark: SparkSession, index: str | None, property_type: str | None, reason: str | None
+    spark: SparkSession, lane: str, index: str | None, property_type: str | None, reason: str | None
 ) -> None:
     entries = '"$group_set":{"name":"Acme","size":10}'
     properties = "{" + (f'"$group_type_index":{index},' if index is not None else "") + entries + "}"
-    got = fanned(spark, properties, "$groupidentify").where("property_type is null or property_type like 'group_%'")
+    got = fanned(spark, lane, properties, "$groupidentify").where(
+        "property_type is null or property_type like 'group_%'"
+    )
     expect(spark, got, [(property_type, "name", "Acme", reason), (property_type, "size", "10", reason)])
 
 
-def test_group_set_counts_only_on_groupidentify(spark: SparkSession) -> None:
-    got = fanned(spark, '{"$group_type_index":1,"$group_set":{"name":"Acme"}}', "$pageview")
+def test_group_set_counts_only_on_groupidentify(spark: SparkSession, lane: str) -> None:
+    got = fanned(spark, lane, '{"$group_type_index":1,"$group_set":{"name":"Acme"}}', "$pageview")
     assert got.where("property_type is null or property_type like 'group_%'").count() == 0
 
 
 # -- duplicate keys and nested values ---------------------------------------------------------------
-def test_a_duplicate_key_keeps_its_last_occurrence(spark: SparkSession) -> None:
-    got = fanned(spark, '{"a":1,"b":"x","a":2,"$set":{"p":"one","p":"two"}}', person='{"q":1,"q":3}')
+def test_a_duplicate_key_keeps_its_last_occurrence(spark: SparkSession, lane: str) -> None:
+    got = fanned(spark, lane, '{"a":1,"b":"x","a":2,"$set":{"p":"one","p":"two"}}', person='{"q":1,"q":3}')
     expect(
         spark,
         got,
@@ -380,11 +456,11 @@ def test_a_duplicate_key_keeps_its_last_occurrence(spark: SparkSession) -> None:
     )
 
 
-def test_nested_values_are_skipped_by_default_or_counted_as_sorted_compact_json(spark: SparkSession) -> None:
+def test_nested_values_are_skipped_by_default_or_counted_as_sorted_compact_json(spark: SparkSession, lane: str) -> None:
     properties = '{"o": {"z": 1, "a": [true, "x", null], "m": {"b": 2, "a": 1}}, "l": [3, 1], "e": {}}'
     expect(
         spark,
-        fanned(spark, properties),
+        fanned(spark, lane, properties),
         [
             ("event", "o", None, "nested_value"),
             ("event", "l", None, "nested_value"),
@@ -393,7 +469,7 @@ def test_nested_values_are_skipped_by_default_or_counted_as_sorted_compact_json(
     )
     expect(
         spark,
-        fanned(spark, properties, rules=FanoutRules(nested_values="json")),
+        fanned(spark, lane, properties, rules=FanoutRules(nested_values="json")),
         [
             ("event", "o", '{"a":[true,"x",null],"m":{"a":1,"b":2},"z":1}', None),
             ("event", "l", "[3,1]", None),
@@ -402,26 +478,25 @@ def test_nested_values_are_skipped_by_default_or_counted_as_sorted_compact_json(
     )
 
 
-def test_a_nested_value_over_the_cap_is_too_long_in_json_mode(spark: SparkSession) -> None:
+def test_a_nested_value_over_the_cap_is_too_long_in_json_mode(spark: SparkSession, lane: str) -> None:
     properties = json.dumps({"l": ["x" * 300]})
     expect(
         spark,
-        fanned(spark, properties, rules=FanoutRules(nested_values="json")),
+        fanned(spark, lane, properties, rules=FanoutRules(nested_values="json")),
         [("event", "l", json.dumps(["x" * 300], separators=(",", ":")), "value_too_long")],
     )
 
 
 # -- stage 2 ----------------------------------------------------------------------------------------
-def test_stage_two_sums_a_tuple_over_batches_and_events_in_its_window(spark: SparkSession) -> None:
-    rows = [
-        (7, 0, "e", T, "b1", '{"plan":"pro","n":1.0}', None),
-        (7, 0, "e", T + timedelta(seconds=5), "b1", '{"plan":"pro","n":1}', None),
-        (7, 0, "e", T + timedelta(seconds=10), "b2", '{"plan":"pro"}', '{"plan":"pro"}'),
-        (8, 0, "e", T, "b2", '{"plan":"pro"}', None),
+def test_stage_two_sums_a_tuple_over_batches_and_events_in_its_window(spark: SparkSession, lane: str) -> None:
+    rows: list[Event] = [
+        (7, "e", T, "b1", '{"plan":"pro","n":1.0}', None),
+        (7, "e", T + timedelta(seconds=5), "b1", '{"plan":"pro","n":1}', None),
+        (7, "e", T + timedelta(seconds=10), "b2", '{"plan":"pro"}', '{"plan":"pro"}'),
+        (8, "e", T, "b2", '{"plan":"pro"}', None),
     ]
-    df = spark.createDataFrame(rows, EVENTS)
     gold = (
-        df.transform(parse_documents())
+        silver_events(spark, rows, lane)
         .transform(fan_out(FanoutRules()))
         .transform(partials(timedelta(seconds=30)))
         .transform(merge_source())

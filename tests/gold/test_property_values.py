@@ -7,9 +7,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
+from bronze.properties import parse_documents
 from gold.property_values import FanoutRules, fan_out, merge_source, partials
 from pipelines.demo.data import posthog_events
-from silver.properties import parse_documents
 
 T = datetime(2024, 6, 1, 0, 0, 10, tzinfo=UTC)
 EVENTS = "team_id long, bucket int, event string, event_time timestamp, batch_id string, properties string, person_properties string"

@@ -192,3 +192,13 @@ def test_aggregation_names_are_unique_and_looked_up_with_a_clear_error() -> None
     settings = load_settings(metrics={"aggregations": twice[:1]})
     with pytest.raises(SettingsError, match="no aggregation named 'b' \\(a\\)"):
         settings.metrics.get("b")
+
+
+def test_the_number_notation_is_bronzes_and_its_earlier_silver_name_still_sets_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert load_settings().bronze.number_notation == "javascript"
+    monkeypatch.setenv("MEDALLION_SILVER__NUMBER_NOTATION", "serde_json")
+    assert load_settings().bronze.number_notation == "serde_json"  # the earlier name, where bronze's is unset
+    monkeypatch.setenv("MEDALLION_BRONZE__NUMBER_NOTATION", "javascript")
+    assert load_settings().bronze.number_notation == "javascript"  # bronze's own wins

@@ -11,13 +11,13 @@ from silver.dedup import REPEAT, first_copies, mark_repeats, recent_identities, 
 T0 = datetime(2024, 6, 1, tzinfo=UTC)
 HOUR = timedelta(hours=1)
 COLUMNS = "team_id long, uuid string, timestamp timestamp, _commit_version long, source_file string, " + (
-    "partition int, offset long, event string, distinct_id string, properties string, tag string"
+    "partition int, offset long, raw string, tag string"
 )
 SILVER = "team_id long, uuid string, event_time timestamp"
 
 
 def row(team: int, uuid: str, at: timedelta, version: int, file: str | None, offset: int | None, tag: str) -> tuple:
-    return (team, uuid, T0 + at, version, file, None if offset is None else 0, offset, "e", "d", "{}", tag)
+    return (team, uuid, T0 + at, version, file, None if offset is None else 0, offset, "{}", tag)
 
 
 def test_the_first_landed_copy_is_kept_and_later_ones_within_the_horizon_are_repeats(spark: SparkSession) -> None:
@@ -52,10 +52,10 @@ def test_the_first_landed_copy_is_kept_and_later_ones_within_the_horizon_are_rep
 
 
 def test_copies_landed_together_keep_the_same_one_every_time(spark: SparkSession) -> None:
-    """Two lines of one file with the same identity tie on the landing order: their content decides."""
+    """Two copies with the same identity that tie on the landing order: their text decides."""
     rows = [
-        (1, "a", T0, 1, "f.jsonl", None, None, "e", "d", '{"v": 2}', "second by content"),
-        (1, "a", T0, 1, "f.jsonl", None, None, "e", "d", '{"v": 1}', "first by content"),
+        (1, "a", T0, 1, "f.jsonl", None, None, '{"uuid": "a", "v": 2}', "second by content"),
+        (1, "a", T0, 1, "f.jsonl", None, None, '{"uuid": "a", "v": 1}', "first by content"),
     ]
     for order in (rows, rows[::-1]):
         kept = spark.createDataFrame(order, COLUMNS).transform(mark_repeats(None, HOUR, time="timestamp"))

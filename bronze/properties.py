@@ -1,8 +1,10 @@
-"""Event properties parsed once: each JSON document of an event as a map of key -> (kind, text).
+"""Event properties parsed once, where the event is first parsed: each JSON document of an event
+as a map of key -> (kind, text).
 
-Silver parses an event's ``properties`` and ``person_properties`` JSON once, and keeps each
-document gold fans out (the event's properties, ``person_properties``, ``$set``, ``$set_once`` and
-``$group_set``) as a ``map<string, struct<kind, text>>``:
+Bronze parses each event once (:mod:`bronze.events`, or :mod:`bronze.event_values` in the Kafka
+ingest process) and keeps each document gold fans out (the event's properties,
+``person_properties``, ``$set``, ``$set_once`` and ``$group_set``) as a
+``map<string, struct<kind, text>>``:
 
 - ``kind`` is the JSON kind of the value: ``string``, ``integer`` (a number written without
   fraction or exponent that fits 64 bits), ``number`` (any other number), ``boolean``, ``null``, ``object`` or
@@ -11,15 +13,15 @@ document gold fans out (the event's properties, ``person_properties``, ``$set``,
   it shares (see ``number_text``), ``true`` / ``false``, an object or array as compact JSON with
   sorted keys, and null for ``null``.
 
-So gold explodes maps and never parses JSON or formats a number again, and ad-hoc SQL reads a
-property as ``props['$browser'].text``. The raw ``properties`` text is kept beside them.
+So silver and gold never parse JSON or format a number again: gold explodes maps, and ad-hoc SQL
+reads a property as ``props['$browser'].text``. The message itself is kept beside them (``raw``).
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -43,17 +45,15 @@ STRING, INTEGER, NUMBER, BOOLEAN, NULL, OBJECT, ARRAY = (
 )
 NESTED_KINDS = (OBJECT, ARRAY)
 
-#: The parsed documents of a silver event, by column.
+#: The parsed documents of an event (bronze and silver), by column.
 PROPS = "props"  # the event's properties
 PERSON_PROPS = "person_props"  # person_properties: the person after the event
 SET_PROPS = "set_props"  # properties.$set
 SET_ONCE_PROPS = "set_once_props"  # properties.$set_once
 GROUP_SET_PROPS = "group_set_props"  # properties.$group_set
 DOCUMENT_COLUMNS = (PROPS, PERSON_PROPS, SET_PROPS, SET_ONCE_PROPS, GROUP_SET_PROPS)
-_PARSED, _PERSON = "_properties_variant", "_person_variant"
-_PARSED_TEXT, _PERSON_TEXT = "_properties_text", "_person_text"
 
-#: How numbers are written (``silver.number_notation``): JavaScript's ``String(x)``, or serde_json's
+#: How numbers are written (``bronze.number_notation``): JavaScript's ``String(x)``, or serde_json's
 #: ``Value::to_string()`` as PostHog's property-vals-rs writes a property value.
 JAVASCRIPT, SERDE_JSON = "javascript", "serde_json"
 
@@ -280,27 +280,44 @@ def _negative_zero(key: Column, json: Column, raw: Column) -> Column:
 def parse_documents(
     properties: str = "properties", person_properties: str = "person_properties", notation: str = JAVASCRIPT
 ) -> Callable[[DataFrame], DataFrame]:
-    """Adds the parsed documents (``PROPS`` ... ``GROUP_SET_PROPS``) from the JSON text columns.
+    """Adds the documents (``PROPS`` ... ``GROUP_SET_PROPS``) from JSON text columns (ad-hoc use
+    and tests; bronze builds them from the event's own parse, :func:`with_documents`).
 
     Parsed as Spark's VARIANT (a key given twice keeps its last occurrence); a text that is not a
     JSON object gives a null document, as does a missing or non-object ``$set`` and the like.
     """
 
     def transform(df: DataFrame) -> DataFrame:
-        # Three projections: the two parses, the five documents in one array (one document
-        # expression, see :func:`_documents`), then the array's elements as columns. Each step
-        # reads its input once: the interpreted higher-order functions would evaluate an inline
-        # parse again, and Spark keeps an expensive expression that is read several times in a
-        # projection of its own.
-        parsed = df.select(
+        staged = df.select(
             "*",
-            F.try_parse_json(F.col(properties)).alias(_PARSED),
-            F.try_parse_json(F.col(person_properties)).alias(_PERSON),
-            F.col(properties).alias(_PARSED_TEXT),
-            F.col(person_properties).alias(_PERSON_TEXT),
+            F.try_parse_json(F.col(properties)).alias(PROPERTIES_VARIANT),
+            F.try_parse_json(F.col(person_properties)).alias(PERSON_VARIANT),
+            F.col(properties).alias(PROPERTIES_TEXT),
+            F.col(person_properties).alias(PERSON_TEXT),
         )
-        documents = parsed.select(*df.columns, _documents(df.sparkSession, notation))
-        return documents.select(*df.columns, *(F.col(_DOCUMENTS)[i].alias(c) for i, c in enumerate(DOCUMENT_COLUMNS)))
+        return staged.transform(with_documents(df.columns, notation))
+
+    return transform
+
+
+#: The columns :func:`with_documents` reads: the event's properties and person properties as
+#: VARIANTs (null where absent), and the JSON texts they were parsed from (read for serde_json's
+#: ``-0.0`` only, :func:`_negative_zero`).
+PROPERTIES_VARIANT, PERSON_VARIANT = "_properties_variant", "_person_variant"
+PROPERTIES_TEXT, PERSON_TEXT = "_properties_text", "_person_text"
+
+
+def with_documents(keep: Sequence[str], notation: str = JAVASCRIPT) -> Callable[[DataFrame], DataFrame]:
+    """A frame with the staged columns above -> ``keep`` and the five documents.
+
+    Two projections: the five documents in one array (one document expression, see
+    :func:`_documents`), then the array's elements as columns. The interpreted higher-order
+    functions would evaluate an inline parse again, so the variants come staged, and Spark keeps
+    an expensive expression that is read several times in a projection of its own."""
+
+    def transform(staged: DataFrame) -> DataFrame:
+        documents = staged.select(*keep, _documents(staged.sparkSession, notation))
+        return documents.select(*keep, *(F.col(_DOCUMENTS)[i].alias(c) for i, c in enumerate(DOCUMENT_COLUMNS)))
 
     return transform
 
@@ -315,21 +332,21 @@ _BUILT_LOCK = threading.Lock()
 
 
 def _documents(spark: SparkSession, notation: str) -> Column:
-    """The five documents over the parsed variants, as one array in the order of
+    """The five documents over the staged variants, as one array in the order of
     ``DOCUMENT_COLUMNS``.
 
     One :func:`document` expression maps the array of (variant, raw text) pairs: Spark analyzes and
     optimizes a plan in time that grows with its expressions, and five copies of the document
-    expression made a 1-event silver run's plan take 0.3-0.4 s to analyze, against 0.09 s.
+    expression made a 1-event run's plan take 0.3-0.4 s to analyze, against 0.09 s.
     Built once per session and reused: it is an expression of column names only, and building it
     is several hundred calls into the JVM on a classic session."""
     with _BUILT_LOCK:
         built = _BUILT.setdefault(spark, {}).get(notation)
         if built is None:
-            props, text = F.col(_PARSED), F.col(_PARSED_TEXT)
+            props, text = F.col(PROPERTIES_VARIANT), F.col(PROPERTIES_TEXT)
             sources = (
                 (props, text),
-                (F.col(_PERSON), F.col(_PERSON_TEXT)),
+                (F.col(PERSON_VARIANT), F.col(PERSON_TEXT)),
                 *((F.try_variant_get(props, f"$['{key}']", "variant"), text) for key, _ in _INNER_DOCUMENTS),
             )
             pairs = F.array(*(F.struct(obj.alias("obj"), raw.alias("raw")) for obj, raw in sources))

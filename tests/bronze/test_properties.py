@@ -1,11 +1,11 @@
-"""Property documents parsed once in silver: each value's JSON kind and canonical text, by hand."""
+"""Property documents, parsed once where the event is: each value's JSON kind and canonical text, by hand."""
 
 from __future__ import annotations
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from silver.properties import DOCUMENT_COLUMNS, JAVASCRIPT, SERDE_JSON, _documents, parse_documents
+from bronze.properties import DOCUMENT_COLUMNS, JAVASCRIPT, SERDE_JSON, _documents, parse_documents
 
 SCHEMA = "properties string, person_properties string"
 
