@@ -295,48 +295,70 @@ class InWrite:
     _batch: DataFrame
     _observed: Observation
     _checks: list[Check]
+    _totals: list[Check]
     _started: float
 
-    def validation(self) -> Validation[DataFrame]:
+    def validation(self, suite: Suite | None = None) -> Validation[DataFrame]:
         """The results, read from the write's observed figures (call it after the write).
+        ``suite``: the same suite with its parameters known now (the bounds of its checks on
+        totals may come from figures the same write observed).
 
         A batch Spark knows to be empty before it runs (an increment of commits that added no
         file reads as an empty local relation) is written without running the observed plan, and
         Spark then has no figures to give: the batch is counted in a pass of its own instead."""
+        suite = suite or self.suite
         try:
             got = self._observed.get
         except Exception:  # Spark's error for an observation no action ran
-            log.debug("%s: no observed figures from the write; counting the batch", self.suite.table, exc_info=True)
+            log.debug("%s: no observed figures from the write; counting the batch", suite.table, exc_info=True)
             got = {}
         if "_rows" in got:
-            rows, failed = int(got["_rows"]), [int(got[f"_f{i}"]) for i in range(len(self._checks))]
+            rows = int(got["_rows"])
+            failed = [int(got[f"_f{i}"]) for i in range(len(self._checks))]
+            totals = [int(got[f"_t{i}"]) for i in range(len(self._totals))]
         else:
-            rows, failed, _ = row_counts(self._batch, self.suite, self._checks)
-        results = _row_results(self.suite, self._checks, rows, failed)
-        return Validation(self.suite, results, self.rows, None, time.perf_counter() - self._started)
+            rows, failed, totals = row_counts(self._batch, suite, self._checks, self._totals)
+        by_name = {r.expectation: r for r in _row_results(suite, self._checks, rows, failed)}
+        bounds = {c.name: c for c in suite.checks}
+        for check, value in zip(self._totals, totals, strict=True):
+            known = bounds.get(check.name)  # None: the suite as its parameters came out has no such check
+            if known is not None:
+                by_name[check.name] = _batch_result(
+                    suite, known, rows, None, known.total_holds(value), f"observed {value:,}"
+                )
+        results = [by_name[c.name] for c in suite.checks if c.name in by_name]
+        return Validation(suite, results, self.rows, None, time.perf_counter() - self._started)
 
 
-def in_write(df: DataFrame, suite: Suite) -> InWrite | None:
+def in_write(df: DataFrame, suite: Suite, totals: bool = False) -> InWrite | None:
     """``suite`` checked by the write of ``df`` itself, with no pass of its own: the row-level
     checks' failing rows are counted as the write reads the rows (``DataFrame.observe``), and a
     row failing a ``fail`` check stops the write before it commits (``raise_error`` with
     :data:`FAILED_IN_WRITE`: Delta commits nothing of a failed job; the caller then validates the
-    batch as :func:`validate` does, for the results and the error).
+    batch as :func:`validate` does, for the results and the error). With ``totals`` (a write that
+    can be checked between writing its files and committing them), a check on a total of the
+    batch (a sum) is counted by the write too, and the caller judges it before the commit.
 
-    None when the suite needs the batch before it is written: a check on the whole batch (GX), or
-    a ``drop`` check, whose rows go to the quarantine before the batch is committed. Checks on
-    figures are left out, as :func:`validate` leaves them out of a batch given no figures."""
+    None when the suite needs the batch before it is written: a check on the whole batch (GX, a
+    uniqueness or a query's rows), or a ``drop`` check, whose rows go to the quarantine before the
+    batch is committed. Checks on figures are left out, as :func:`validate` leaves them out of a
+    batch given no figures."""
     checks = [c for c in suite.checks if c.on != "figures"]
-    if not checks or any(not c.row_level or c.on != "rows" or c.policy == "drop" for c in checks):
+    row_checks = [c for c in checks if c.row_level]
+    total_checks = [c for c in checks if not c.row_level and c.total is not None] if totals else []
+    if not checks or any(c.on != "rows" or c.policy == "drop" for c in checks):
+        return None
+    if len(row_checks) + len(total_checks) < len(checks):
         return None
     started = time.perf_counter()
     observed = Observation(f"gate_{uuid.uuid4().hex}")
-    rows = df.observe(observed, F.count(F.lit(1)).alias("_rows"), *_failing_sums(checks))
-    fails = [c for c in checks if c.policy == "fail"]
+    sums = [F.expr(c.total or "").cast("long").alias(f"_t{i}") for i, c in enumerate(total_checks)]
+    rows = df.observe(observed, F.count(F.lit(1)).alias("_rows"), *_failing_sums(row_checks), *sums)
+    fails = [c for c in row_checks if c.policy == "fail"]
     if fails:
         any_fails = functools.reduce(operator.or_, (failing(c) for c in fails))
         rows = rows.where(F.when(any_fails, F.raise_error(F.lit(FAILED_IN_WRITE))).isNull())
-    return InWrite(suite, rows, df, observed, checks, started)
+    return InWrite(suite, rows, df, observed, row_checks, total_checks, started)
 
 
 def validate(

@@ -279,6 +279,29 @@ MERGE_UPDATE = {
 }
 
 
+#: Why the fan-out skips a tuple (:func:`fan_out`'s ``skip_reason``).
+SKIP_REASONS = (
+    "bad_group_index",
+    "empty_key",
+    "null_value",
+    "nested_value",
+    "empty_value",
+    "key_too_long",
+    "value_too_long",
+    "excluded_key",
+)
+COUNTED = "counted"
+
+
+def skip_figures() -> dict[str, Column]:
+    """Over ``tuple_counts`` rows: the tuples that count (``counted``) and those skipped per reason,
+    as aggregates (one figure each, for ``DataFrame.observe`` on the pass that writes them)."""
+    reason, count = F.col(SKIP_REASON), F.col("count")
+    figures = {COUNTED: F.coalesce(F.sum(F.when(reason.isNull(), count)), F.lit(0))}
+    figures.update({r: F.coalesce(F.sum(F.when(reason == r, count)), F.lit(0)) for r in SKIP_REASONS})
+    return figures
+
+
 def skip_counts(df: DataFrame) -> DataFrame:
     """``tuple_counts`` rows -> tuples per skip reason (``counted`` for tuples that count)."""
     reason = F.coalesce(F.col(SKIP_REASON), F.lit("counted")).alias("reason")

@@ -112,7 +112,7 @@ FLOWS: tuple[Flow[Any], ...] = (
         "gold",
         (SILVER_EVENTS,),
         (GOLD_PARTIALS,),
-        Append(hands_off=True),
+        Append(),
         "silver events fanned out into (team, property type, key, value) partial counts (stage 1)",
         transform=gold.partials,
         config=gold.gold_config,

@@ -9,7 +9,9 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from gold.property_values import (
+    COUNTED,
     MERGE_UPDATE,
+    SKIP_REASONS,
     WINDOW_START,
     FanoutRules,
     TeamFilter,
@@ -17,12 +19,12 @@ from gold.property_values import (
     fan_out,
     merge_on,
     merge_source,
-    skip_counts,
+    skip_figures,
     tuple_counts,
 )
 from pipelines.config.layers import fanout_rules, team_filter
 from pipelines.config.settings import Settings
-from pipelines.runtime.flow_types import MERGE_SOURCE, Batch, FlowRecord, MergeRules
+from pipelines.runtime.flow_types import Batch, FlowRecord, MergeRules
 from pipelines.runtime.tables import GOLD_PARTIALS, GOLD_PROPERTY_VALUES
 
 
@@ -48,26 +50,26 @@ def counted_teams(teams: TeamFilter, rows: DataFrame, record: FlowRecord, metric
 
 
 INPUT_EVENTS = "input_events"
+PARTIAL_ROWS = "partial_rows"
+#: The observation of stage 1's tuples: counted and skipped per reason (``skip_figures``).
+TUPLES = "tuples"
 
 
 def partials(batch: Batch, config: GoldConfig, record: FlowRecord) -> DataFrame:
     """Stage 1: new silver events -> partial tuple counts per window and source batch.
 
-    One aggregation gives the partials and the skip figures; the fan-out rows themselves are never
-    kept. The time is a literal so every read of the batch sees the same one.
+    One pass: the write computes the fan-out and its aggregation, and counts as it goes the events,
+    the tuples that count and those skipped per reason (observed, no pass of their own); the gate
+    holds the partials' sum to the tuples that count, judged before the commit where the store can
+    (else the gate caches the batch for it). The time is a literal so every read of the batch
+    sees the same one.
     """
     events = counted_teams(config.teams, batch.rows, record, "filtered_teams.events")
     events = record.observe(INPUT_EVENTS, events, rows=F.count(F.lit(1)))
-    counts = record.cache(events.transform(fan_out(config.rules)).transform(tuple_counts(config.window)))
-    # At most one row per skip reason (eight) plus "counted": figures, not rows. The pass that
-    # fills the cache counts the events as it reads them.
-    reasons = {r["reason"]: int(r["count"]) for r in skip_counts(counts).collect()}
-    counted = reasons.pop("counted", 0)
+    counts = events.transform(fan_out(config.rules)).transform(tuple_counts(config.window))
+    counts = record.observe(TUPLES, counts, **skip_figures())
     # No tuple (a batch all filtered out or without properties): no sum to hold the batch against.
-    record.check_with(tuples=counted or None)
-    n_events = int(record.observed(INPUT_EVENTS)["rows"])
-    record.rows(rows_in=n_events)
-    record.add(input_events=n_events, tuples=counted, **{f"skipped.{k}": v for k, v in reasons.items()})
+    record.check_with(tuples=lambda: int(record.observed(TUPLES, query=False).get(COUNTED) or 0) or None)
     return counts.transform(counted_partials(F.lit(datetime.now(UTC))))
 
 
@@ -75,12 +77,13 @@ def partials_figures(out: DataFrame, config: GoldConfig, record: FlowRecord) -> 
     n_out = record.gated_rows(GOLD_PARTIALS.key)
     if n_out is None:  # no gate counted them
         n_out = out.count()
-    record.rows(rows_out=n_out)
-    record.add(partial_rows=n_out)
-    record.say(
-        f"gold stage 1: {int(record.figure('input_events')):,} events -> {int(record.figure('tuples')):,} tuples "
-        f"-> {n_out:,} partial rows"
-    )
+    tuples = record.observed(TUPLES)
+    counted = int(tuples.get(COUNTED) or 0)
+    n_events = int(record.observed(INPUT_EVENTS).get("rows") or 0)
+    record.rows(rows_in=n_events, rows_out=n_out)
+    skipped = {f"skipped.{r}": int(tuples[r]) for r in SKIP_REASONS if tuples.get(r)}
+    record.add(input_events=n_events, tuples=counted, partial_rows=n_out, **skipped)
+    record.say(f"gold stage 1: {n_events:,} events -> {counted:,} tuples -> {n_out:,} partial rows")
 
 
 def merged(batch: Batch, config: GoldConfig, record: FlowRecord) -> DataFrame:
@@ -89,16 +92,12 @@ def merged(batch: Batch, config: GoldConfig, record: FlowRecord) -> DataFrame:
 
     Stage 2 applies the team filter too, so partials counted before a team was filtered out are
     not merged while it is, and never later: a team added back resumes from what it had.
+    Not cached: a source that no gold row can match is appended in one pass (the write counts
+    the partials it reads); the runner caches a source it MERGEs.
     """
     parts = counted_teams(config.teams, batch.rows, record, "filtered_teams.partial_rows")
-    # Read once, by the pass that fills the cache of the MERGE source, which counts them too, and
-    # finds their earliest window (a source past gold's windows is appended, see GOLD_MERGE).
     parts = record.observe(PARTIAL_ROWS, parts, rows=F.count(F.lit(1)))
-    parts = record.observe(MERGE_SOURCE, parts, least=F.min(WINDOW_START))
-    return record.cache(parts.transform(merge_source()))
-
-
-PARTIAL_ROWS = "partial_rows"
+    return parts.transform(merge_source())
 
 
 def merged_figures(out: DataFrame, config: GoldConfig, record: FlowRecord) -> None:

@@ -46,8 +46,6 @@ class Append:
     """Its transform's rows are appended to its target."""
 
     kind: ClassVar[str] = "append"
-    #: Its written rows stay in memory for the next flow of the same pass, if that reads them.
-    hands_off: bool = False
 
 
 @dataclass(frozen=True)
@@ -245,11 +243,13 @@ class FlowRecord:
     _record: RunRecord
     _say: Callable[[str], None]
     _gate: Callable[[str, DataFrame], DataFrame] | None = None
-    #: The runner's: the frames this run cached (released, or handed to the next flow, by it).
+    #: The runner's: the frames this run cached (released by it, whatever way the run ends).
     _cached: list[DataFrame] = field(default_factory=list)
     #: The runner's: what the target's suite takes from this batch (:meth:`check_with`).
     _suite_params: dict[str, Any] = field(default_factory=dict)
     _observed: dict[str, Callable[..., dict[str, Any]]] = field(default_factory=dict)
+    #: The runner's: whether this run's MERGE source is appended instead, by source and buckets.
+    _appends: dict[Any, Any] = field(default_factory=dict)
 
     def incr(self, **figures: float | int) -> None:
         self._record.incr(**figures)
@@ -423,16 +423,32 @@ class WriteGate:
     #: Whether ``rows`` holds every row of the batch (no ``drop`` check removed any): then
     #: figures counted over the batch before the gate hold for what is written.
     kept_all: bool = True
+    #: Whether the gate's results are judged between the write's files and its commit
+    #: (:meth:`write_staged` hands ``passed`` to the write as its ``before_commit``).
+    before_commit: bool = False
+    #: Releases what the gate cached to validate the batch before its write.
+    release: Callable[[], None] = field(default=lambda: None)
 
     def write(self, write: Callable[[DataFrame], T]) -> T:
         """``write(rows)``, then the gate's results; a row that stopped the write raises why."""
-        try:
-            out = write(self.rows)
-        except Exception as exc:
-            from expectations.runner import FAILED_IN_WRITE  # Great Expectations: imported when used
+        return self.write_staged(lambda rows, _: write(rows), staged=False)
 
-            if FAILED_IN_WRITE in str(exc):
-                self.failed()
-            raise
-        self.passed()
-        return out
+    def write_staged(self, write: Callable[[DataFrame, Callable[[], None] | None], T], staged: bool = True) -> T:
+        """``write(rows, before_commit)``: where the gate is judged before the commit (and the write
+        can do it, ``staged``), ``before_commit`` is its ``passed``, else None and the results come
+        after the write."""
+        early = staged and self.before_commit
+        try:
+            try:
+                out = write(self.rows, self.passed if early else None)
+            except Exception as exc:
+                from expectations.runner import FAILED_IN_WRITE  # Great Expectations: imported when used
+
+                if FAILED_IN_WRITE in str(exc):
+                    self.failed()
+                raise
+            if not early:
+                self.passed()
+            return out
+        finally:
+            self.release()

@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,7 +36,6 @@ from pipelines.runtime import quality
 from pipelines.runtime.eventlog import RunRecord
 from pipelines.runtime.flow_types import (
     MERGE_SOURCE,
-    Append,
     Batch,
     DeclaredTables,
     Flow,
@@ -49,41 +47,9 @@ from pipelines.runtime.flow_types import (
 )
 from pipelines.runtime.progress import Increment, after, pending
 from pipelines.runtime.runner import Context, app_id, check_split, run_job, task_name
-from pipelines.storage import AppTxn, Greatest, Predicate, TableSpec, TableStore
+from pipelines.storage import AddedStats, AppTxn, Greatest, Predicate, TableSpec, TableStore
 
 log = logging.getLogger("medallion.runner")
-
-
-@dataclass
-class Handoff:
-    """The rows a flow just wrote (``Append(hands_off=True)``), kept in memory for the next flow of the
-    same pass (``medallion run gold``): when they are exactly what that flow has pending, it takes
-    them instead of reading them back. The runner releases them after that flow, whatever happens,
-    and at the end of the pass.
-    """
-
-    table: str | None = None
-    version: int | None = None
-    frame: DataFrame | None = None
-    cached: list[DataFrame] = field(default_factory=list)
-
-    def keep(self, table: TableSpec, version: int, frame: DataFrame, cached: Sequence[DataFrame]) -> None:
-        self.release()
-        self.table, self.version, self.frame, self.cached = table.key, version, frame, list(cached)
-
-    def take(self, store: TableStore, inc: Increment) -> DataFrame | None:
-        """The kept rows if they are all ``inc`` holds: it ends at the version they were written
-        in, and any version before that in it added no rows (the table's creation, say)."""
-        if self.frame is None or inc.source.key != self.table or inc.end != self.version:
-            return None
-        if inc.start < inc.end and store.read_inserted(inc.source, inc.start, inc.end - 1).limit(1).count():
-            return None
-        return self.frame
-
-    def release(self) -> None:
-        for df in reversed(self.cached):  # newest first: see FlowRecord.release
-            df.unpersist()
-        self.table, self.version, self.frame, self.cached = None, None, None, []
 
 
 def declared(ctx: Context, flow: Flow) -> DeclaredTables:
@@ -106,7 +72,7 @@ def gate_rows(
     return quality.gate(ctx, record, table, df, txn, **params)
 
 
-def gated_append(
+def gated_write(
     ctx: Context,
     record: RunRecord,
     flow: Flow,
@@ -114,11 +80,23 @@ def gated_append(
     txn: AppTxn,
     buckets: Sequence[int] | None,
     params: Mapping[str, Any],
+    figures: FlowRecord,
+    least: Any = None,
 ) -> int:
-    """``out`` appended to ``flow``'s target through its gate, in one pass where the suite allows
-    (:func:`pipelines.runtime.quality.gate_in_write`). The new version."""
-    gated = quality.gate_in_write(ctx, record, flow.targets[0].key, out, txn, **params)
-    return gated.write(lambda rows: write(ctx, flow, rows, txn, buckets))
+    """``out`` written into ``flow``'s target through its gate: appended (or, for a MERGE whose
+    source no target row can match, appended too) in one pass where the suite allows, the gate's
+    checks on totals judged between the write's files and its commit where the store can
+    (:func:`pipelines.runtime.quality.gate_in_write`); a MERGE's source validated first. The new
+    version."""
+    target = flow.targets[0]
+    if isinstance(flow.write, Merge):
+        held = _append_instead(ctx, flow, out, buckets, figures, least)
+        if held is None:  # a MERGE: its source is read more than once, so validated from a cache
+            source = gate_rows(ctx, record, target.key, figures.cache(out), txn, params)
+            return write(ctx, flow, source, txn, buckets, figures, least)
+    staged = ctx.store.checks_before_commit
+    gated = quality.gate_in_write(ctx, record, target.key, out, txn, staged, **params)
+    return gated.write_staged(lambda rows, check: write(ctx, flow, rows, txn, buckets, figures, least, check))
 
 
 def _added_rows(store: TableStore, inc: Increment | None) -> int | None:
@@ -128,9 +106,8 @@ def _added_rows(store: TableStore, inc: Increment | None) -> int | None:
     return added.rows if added is not None else None
 
 
-def run_incremental(ctx: Context, flow: Flow, options: RunOptions, handoff: Handoff | None = None) -> RunRecord:
-    """One run of ``flow``: its source's new commits through its transform into its target. ``handoff``:
-    what the flow before it in the pass kept for it, shared by the pass (:class:`Handoff`)."""
+def run_incremental(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
+    """One run of ``flow``: its source's new commits through its transform into its target."""
     transform, config, skip = configured(ctx, flow)
     (source,), target = flow.sources, flow.targets[0]
     buckets = options.buckets if flow.by_bucket else None
@@ -148,43 +125,31 @@ def run_incremental(ctx: Context, flow: Flow, options: RunOptions, handoff: Hand
         if inc is None:
             record.noop(f"no new rows in {source.key}")
             return
-        cached: list[DataFrame] = []  # what the transform caches: released here, or handed off
         params: dict[str, Any] = {}  # what it gives the target's suite (FlowRecord.check_with)
-        figures = FlowRecord(record, ctx.say, _cached=cached, _suite_params=params)
-        handed_off = False
+        figures = FlowRecord(record, ctx.say, _suite_params=params)
         try:
             # Planned whole where the increment is small (one job per query, no re-planning).
             added = ctx.store.inserted_stats(source, inc.start, inc.end)  # the log's, read once
             with small_increment(ctx.spark, ctx.settings, added.rows if added else None, flow.increment_only):
-                kept = handoff.take(ctx.store, inc) if handoff is not None and flow.reads == "inserts" else None
-                if kept is not None:
-                    rows = kept
-                elif flow.reads == "inserts":
-                    rows = inc.read(ctx.store)
-                else:
-                    rows = ctx.store.read_changes(source, inc.start, inc.end)
-                if kept is None and buckets and "bucket" in source.schema.fieldNames():  # a split run's rows only
+                rows = (
+                    inc.read(ctx.store)
+                    if flow.reads == "inserts"
+                    else ctx.store.read_changes(source, inc.start, inc.end)
+                )
+                if buckets and "bucket" in source.schema.fieldNames():  # a split run's rows only
                     rows = rows.where(F.col("bucket").isin(*sorted(set(buckets))))
                 run = RunOptions(buckets, options.drain)
                 out = transform(Batch(rows, inc.start, inc.end, run, declared(ctx, flow), added), config, figures)
+                least = _least_added(flow, added)
                 if target.key not in flow.gated:
-                    version = write(ctx, flow, out, inc.txn, buckets, figures)
-                elif not isinstance(flow.write, Merge):  # an append checks its rows as it writes them, where it can
-                    version = gated_append(ctx, record, flow, out, inc.txn, buckets, params)
-                else:
-                    out = gate_rows(ctx, record, target.key, out, inc.txn, params)
-                    version = write(ctx, flow, out, inc.txn, buckets, figures)
+                    write(ctx, flow, out, inc.txn, buckets, figures, least)
+                else:  # checked as it is written, where the suite allows
+                    gated_write(ctx, record, flow, out, inc.txn, buckets, params, figures, least)
                 if flow.figures is not None:
                     flow.figures(out, config, figures)
                 record.add(source_from=inc.start, source_to=inc.end)
-                if handoff is not None and isinstance(flow.write, Append) and flow.write.hands_off:
-                    handoff.keep(target, version, out, cached)
-                    cached.clear()  # the handoff's to release now
-                    handed_off = True
         finally:
             figures.release()
-            if handoff is not None and not handed_off:
-                handoff.release()  # what the flow before kept is this flow's to take, or nobody's
 
     return run_job(ctx, task_name(flow.name, buckets), body)
 
@@ -231,26 +196,29 @@ def write(
     txn: AppTxn,
     buckets: Sequence[int] | None,
     figures: FlowRecord | None = None,
+    least: Any = None,
+    before_commit: Callable[[], None] | None = None,
 ) -> int:
     """``out`` into ``flow``'s target with the app transaction ``txn``: appended, or MERGEd (an
     empty MERGE may not commit, so then the progress is recorded alone; a source no target row
     can match is appended, see ``MergeRules.appends_above``; ``figures``: the flow's record, which
-    may hold its :data:`MERGE_SOURCE` observation). The new version."""
+    may hold its :data:`MERGE_SOURCE` observation; ``least``: a lower bound of the source's
+    ``appends_above`` column that its files' statistics gave). ``before_commit``: the gate's
+    judgement, run between an append's files and its commit. The new version."""
     target = flow.targets[0]
     if not isinstance(flow.write, Merge):
-        return ctx.store.append(target, out, [txn])
+        return ctx.store.append(target, out, [txn], before_commit=before_commit)
+    held = _append_instead(ctx, flow, out, buckets, figures, least)
+    if held is not None:  # committed through the version the bound was read at
+        log.info("%s: no row of %s can match, appended", flow.name, target.key)
+        return ctx.store.append(target, out, [txn], read_version=held.version, before_commit=before_commit)
+    assert before_commit is None, "a MERGE's source is validated before it"
     rules = flow.write.rules
     if out.isEmpty():
         return ctx.store.append(target, target.arrow_schema.empty_table(), [txn])
     on = rules.on(buckets)
-    if rules.appends_above is not None and rules.insert is None:
-        column = rules.appends_above
-        least = functools.cache(lambda: _least(out, column, figures))  # asked at most once, where needed
-        held = _above_target(ctx, target, column, buckets, least)
-        if held is not None:  # committed through the version the bound was read at
-            log.info("%s: no row of %s can match, appended", flow.name, target.key)
-            return ctx.store.append(target, out, [txn], read_version=held.version)
-        on = _from_least(on, column, least())
+    if (column := rules.appends_above) is not None:
+        on = _from_least(on, column, _least(out, column, figures, least))
     return ctx.store.merge(
         target,
         out,
@@ -260,6 +228,34 @@ def write(
         update_when=rules.update_when,
         txns=[txn],
     )
+
+
+def _least_added(flow: Flow, added: AddedStats | None) -> Any:
+    """A lower bound of the MERGE source's ``appends_above`` column, from the statistics of the
+    source rows its run reads (the rows its source's commits added; a run over some buckets reads
+    a part of them, so the bound still holds), where the source carries that column; else None."""
+    if not isinstance(flow.write, Merge) or flow.write.rules.appends_above is None or added is None:
+        return None
+    return added.earliest.get(flow.write.rules.appends_above)
+
+
+def _append_instead(
+    ctx: Context, flow: Flow, out: DataFrame, buckets: Sequence[int] | None, figures: FlowRecord | None, least: Any
+) -> Greatest | None:
+    """The target's bound when a MERGE flow's source can match no target row and is appended
+    instead (``MergeRules.appends_above``), else None. Asked once per run: the gate's choice
+    between a checked append and a validated MERGE and the write's agree."""
+    assert isinstance(flow.write, Merge)
+    rules = flow.write.rules
+    column = rules.appends_above
+    if column is None or rules.insert is not None:
+        return None
+    key = (id(out), tuple(buckets or ()))
+    cache = figures._appends if figures is not None else {}
+    if key not in cache:
+        low = functools.cache(lambda: _least(out, column, figures, least))  # asked where needed
+        cache[key] = _above_target(ctx, flow.targets[0], column, buckets, low)
+    return cache[key]
 
 
 def _above_target(
@@ -281,9 +277,12 @@ def _above_target(
     return held if low is not None and low > held.value else None
 
 
-def _least(out: DataFrame, column: str, figures: FlowRecord | None) -> Any:
-    """The least ``column`` of the MERGE source ``out``: as its cache fill observed it, else asked."""
-    least = figures.observed(MERGE_SOURCE).get("least") if figures is not None else None
+def _least(out: DataFrame, column: str, figures: FlowRecord | None, bound: Any = None) -> Any:
+    """The least ``column`` of the MERGE source ``out`` (or a lower bound of it): as its source's
+    statistics gave it (``bound``), as a pass already observed it, else asked."""
+    least = bound
+    if least is None and figures is not None:
+        least = figures.observed(MERGE_SOURCE, query=False).get("least")
     if least is None:
         row = out.agg(F.min(column)).first()  # one value
         least = row[0] if row is not None else None

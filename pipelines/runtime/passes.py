@@ -3,7 +3,7 @@
 :func:`execute` hands a flow to its runner by how it writes: an export to
 :mod:`pipelines.runtime.exports`, a state flow, a whole-source flow and an incremental one to
 :mod:`pipelines.runtime.incremental`. :func:`run_pass` runs flows one after another as ``medallion
-run`` does, sharing what the pass keeps between them. The functions below it run one flow once, for
+run`` does, their event-log rows written in one commit. The functions below it run one flow once, for
 tests, the bench and notebooks: ``silver_events(ctx)`` is ``run_flow(ctx, flow_names.SILVER_EVENTS)``.
 """
 
@@ -16,15 +16,15 @@ from pipelines.flows import flow, flow_names
 from pipelines.runtime.eventlog import RunRecord
 from pipelines.runtime.exports import run_export
 from pipelines.runtime.flow_types import Export, Flow, Ingest, RunOptions, State
-from pipelines.runtime.incremental import Handoff, run_incremental, run_stateful, run_whole
+from pipelines.runtime.incremental import run_incremental, run_stateful, run_whole
 from pipelines.runtime.runner import Context
 
 #: How a pass runs one of its flows (:func:`execute`; a test gives a runner of its own).
-Execute = Callable[[Context, Flow, RunOptions, Handoff], RunRecord]
+Execute = Callable[[Context, Flow, RunOptions], RunRecord]
 
 
-def execute(ctx: Context, f: Flow, options: RunOptions, handoff: Handoff | None = None) -> RunRecord:
-    """One run of ``f`` by its runner; ``handoff``: what the pass keeps between its flows."""
+def execute(ctx: Context, f: Flow, options: RunOptions) -> RunRecord:
+    """One run of ``f`` by its runner."""
     if isinstance(f.write, Ingest) or f.transform is None:
         raise InputError(f"{f.name} is started by medallion ingest or serve, not run")
     if isinstance(f.write, Export):
@@ -33,7 +33,7 @@ def execute(ctx: Context, f: Flow, options: RunOptions, handoff: Handoff | None 
         return run_stateful(ctx, f, options)
     if f.reads == "all":
         return run_whole(ctx, f, options)
-    return run_incremental(ctx, f, options, handoff)
+    return run_incremental(ctx, f, options)
 
 
 def run_pass(
@@ -43,17 +43,14 @@ def run_pass(
     drain: bool = False,
     run: Execute = execute,
 ) -> Generator[RunRecord, None, None]:
-    """One pass: each flow once, in order, yielding its record as it ends. The flows of one pass
-    share a handoff (gold's stage 2 takes stage 1's partials from it), released when the pass ends
-    or is left (an exception, a stop), and their event-log rows, written then in one commit."""
-    handoff = Handoff()
+    """One pass: each flow once, in order, yielding its record as it ends; their event-log rows are
+    written when the pass ends or is left (an exception, a stop), in one commit. Nothing is kept
+    in memory between flows: each reads what the one before it committed (gold's stage 2 reads
+    the partials stage 1 wrote, a Parquet read, where a cache of them cost more than it saved)."""
     options = RunOptions(buckets=buckets, drain=drain)
-    try:
-        with ctx.events.batched():
-            for f in flows:
-                yield run(ctx, f, options, handoff)
-    finally:
-        handoff.release()
+    with ctx.events.batched():
+        for f in flows:
+            yield run(ctx, f, options)
 
 
 def run_flow(ctx: Context, name: str, buckets: Sequence[int] | None = None, drain: bool = False) -> RunRecord:

@@ -156,15 +156,25 @@ def gate(ctx: Context, record: RunRecord, table: str, df: DataFrame, txn: AppTxn
 
 
 def gate_in_write(
-    ctx: Context, record: RunRecord, table: str, df: DataFrame, txn: AppTxn | None, **params: Any
+    ctx: Context,
+    record: RunRecord,
+    table: str,
+    df: DataFrame,
+    txn: AppTxn | None,
+    before_commit: bool = False,
+    **params: Any,
 ) -> WriteGate:
     """The gate of a batch appended to ``table``, checked by the write where the suite allows it.
 
     A suite of row-level checks without ``drop`` is counted as the rows are written, and a row
     failing a ``fail`` check stops the write before its commit (:func:`expectations.runner.in_write`):
-    one pass over the batch instead of two. Otherwise (a check on the whole batch, a ``drop``) the
-    batch is validated first, as :func:`gate` does. Call ``passed`` after the write, ``failed``
-    when the write raised: it raises :class:`ExpectationFailed` if a check stopped it."""
+    one pass over the batch instead of two. With ``before_commit`` (the store can run a check
+    between writing the files and committing them), checks on a total of the batch are counted by
+    the write too and judged before the commit. A parameter given as a callable is a figure the
+    same write observes (the batch's fanned-out tuples), read once it has run. Otherwise (a check
+    on the whole batch, a ``drop``) the batch is cached and validated first, as :func:`gate` does.
+    Call ``passed`` after the write (or before its commit), ``failed`` when the write raised: it
+    raises :class:`ExpectationFailed` if a check stopped it."""
     from expectations.runner import FAILED_IN_WRITE, in_write
 
     def nothing() -> None:
@@ -172,25 +182,39 @@ def gate_in_write(
 
     if not enabled(ctx):
         return WriteGate(df, nothing, nothing)
-    suite = suite_for(ctx, table, **params).for_batches()
-    checked = in_write(df, suite)
+
+    def suite(known: bool) -> Suite:
+        given = {k: ((v() if known else 0) if callable(v) else v) for k, v in params.items()}
+        return suite_for(ctx, table, **given).for_batches()
+
+    checked = in_write(df, suite(known=False), totals=before_commit)
     if checked is None:
-        kept = gate(ctx, record, table, df, txn, **params)
-        return WriteGate(kept, nothing, nothing, kept_all=kept is df)
+        # Read more than once: cached here unless the caller cached it (and releases it itself).
+        mine = not df.storageLevel.useMemory and not df.storageLevel.useDisk
+        cached = df.persist() if mine else df
+
+        def release() -> None:
+            if mine:
+                cached.unpersist()
+
+        if any(callable(v) for v in params.values()):
+            cached.count()  # fills the cache; the figures the batch's parameters come from are observed
+        kept = gate(ctx, record, table, cached, txn, **{k: (v() if callable(v) else v) for k, v in params.items()})
+        return WriteGate(kept, nothing, nothing, kept_all=kept is cached, release=release)
 
     def passed() -> None:
-        validation = checked.validation()
+        validation = checked.validation(suite(known=True))
         record_results(record, validation)
-        if validation.failed:  # a fail check with failing rows that the write did not stop on
+        if validation.failed:  # a check the write could not stop on (a total), or a failing row it did not
             raise ExpectationFailed(validation)
 
     def failed() -> None:
         # The write stopped on a failing row (the error text is the only sign it gives): the
         # batch is validated for the whole results, which raise with them.
-        run_suite(ctx, record, suite, df)
+        run_suite(ctx, record, suite(known=True), df)
         raise RuntimeError(f"{table}: the write stopped on a failing row, yet the batch validates: {FAILED_IN_WRITE}")
 
-    return WriteGate(checked.rows, passed, failed)
+    return WriteGate(checked.rows, passed, failed, before_commit=before_commit)
 
 
 def gate_arrow(ctx: Context, record: RunRecord, table: str, rows: pa.Table, kind: str) -> tuple[pa.Table, pa.Table]:

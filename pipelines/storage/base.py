@@ -197,6 +197,10 @@ class TableStore(ABC):
     engine: str = ""
     #: How many app transactions one commit can record (None: any number).
     max_txns_per_commit: int | None = None
+    #: Whether :meth:`append` can run a check after it has written a batch's files and before it
+    #: commits them (``before_commit``): delta-rs commits files Spark wrote, while Delta on Spark
+    #: commits inside the write, and its public API has no step between the two.
+    checks_before_commit: bool = False
 
     def __init__(self, spark: SparkSession | None, lake_root: str, storage_options: Mapping[str, str] | None = None):
         self._spark = spark
@@ -225,12 +229,22 @@ class TableStore(ABC):
 
     # -- writes ----------------------------------------------------------------------------
     @abstractmethod
-    def append(self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = (), read_version: int | None = None) -> int:
+    def append(
+        self,
+        spec: TableSpec,
+        data: Data,
+        txns: Sequence[AppTxn] = (),
+        read_version: int | None = None,
+        before_commit: Callable[[], None] | None = None,
+    ) -> int:
         """Append rows and record ``txns`` in the same commit; return the new table version.
 
         With ``read_version`` the commit is checked against everything committed after that
         version: if another writer recorded one of the same app ids since, it fails with
         :class:`CommitConflictError`, so a check made at ``read_version`` still holds at commit.
+        ``before_commit`` (only where :attr:`checks_before_commit`) runs once the rows are written
+        and before they are committed: if it raises, the written files are removed and nothing is
+        committed (a quality gate that counted the batch as it was written).
         """
 
     @abstractmethod

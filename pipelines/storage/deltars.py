@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
@@ -72,6 +72,7 @@ def _commit_properties(txns: Sequence[AppTxn], operation: str | None = None) -> 
 
 class DeltaRsStore(TableStore):
     engine = "delta-rs"
+    checks_before_commit = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -129,10 +130,17 @@ class DeltaRsStore(TableStore):
         return True
 
     # -- writes ----------------------------------------------------------------------------
-    def append(self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = (), read_version: int | None = None) -> int:
+    def append(
+        self,
+        spec: TableSpec,
+        data: Data,
+        txns: Sequence[AppTxn] = (),
+        read_version: int | None = None,
+        before_commit: Callable[[], None] | None = None,
+    ) -> int:
         # Committing through the snapshot at read_version makes delta-rs check the commits after
         # it for the same app ids.
-        return self._write(spec, data, txns, "append", read_version)
+        return self._write(spec, data, txns, "append", read_version, before_commit)
 
     def overwrite(self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = ()) -> int:
         return self._write(spec, data, txns, "overwrite", None)
@@ -144,12 +152,21 @@ class DeltaRsStore(TableStore):
         txns: Sequence[AppTxn],
         mode: Literal["append", "overwrite"],
         read_version: int | None,
+        before_commit: Callable[[], None] | None = None,
     ) -> int:
         if isinstance(data, pa.Table):
+            if before_commit is not None:
+                before_commit()
             return self._write_arrow(spec, data, txns, mode, read_version)
         written = self.files.write(
             data, self.path(spec), spec.schema, spec.partition_by, spec.cluster_by, spec.file_rows
         )
+        if before_commit is not None:
+            try:
+                before_commit()
+            except BaseException:
+                self.files.delete_files(self.path(spec), written)  # written, never committed
+                raise
         self._commit_files(spec, written, txns, mode, read_version)
         return self._table(spec).version()
 

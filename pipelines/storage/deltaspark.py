@@ -1,12 +1,9 @@
 """The ``delta-spark`` engine: Delta Lake on Spark, driven by Spark SQL and the DataFrame API only.
 
 Everything goes through the session (SQL ``MERGE``/``DELETE``/``DESCRIBE``, DataFrame readers and
-writers), never through the ``delta.tables`` JVM wrapper, so the engine runs the same on a classic
-session, over Spark Connect (serverless and standard-access compute) and on Databricks. One read
-has a shortcut on a classic session with open-source Delta: a table's newest version, which every
-job asks for several times, comes from Delta's own log in the JVM (a listing of ``_delta_log``,
-about 13 ms) rather than ``DESCRIBE HISTORY`` (about 0.3 s on 2 cores). Elsewhere, or if that
-class is not there (Databricks' own Delta), the SQL answers.
+writers), never through the ``delta.tables`` JVM wrapper, so it runs the same on a classic session,
+over Spark Connect and on Databricks. On a classic session with open-source Delta, a table's newest
+version comes from Delta's log in the JVM (about 13 ms, against 0.3 s for ``DESCRIBE HISTORY``).
 
 App transactions use Delta's idempotent-write options (``txnAppId``/``txnVersion`` on the writer
 for appends, session confs for MERGE and DELETE), one per commit: a writer that records several
@@ -14,15 +11,14 @@ is given one combined id by its caller. Each such commit also writes its progres
 info (:mod:`pipelines.storage.commit_progress`). Reading them back, Delta has no SQL for a
 snapshot's app transactions: tables by name read that commit info through ``DESCRIBE HISTORY``,
 never a path under ``_delta_log`` (Unity Catalog's managed tables keep commits a listing can
-miss). By path, on a classic session with open-source Delta, the JVM's snapshot of the table
-answers (a write with an app id builds it anyway for its own check); elsewhere the latest
-checkpoint and the commits after it, two small Spark reads (:class:`~pipelines.storage.delta_log.PathTxns`).
+miss). By path, on a classic session with open-source Delta, the JVM's snapshot answers; elsewhere
+the latest checkpoint and the commits after it (:class:`~pipelines.storage.delta_log.PathTxns`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -227,10 +223,17 @@ class DeltaSparkStore(TableStore):
         return True
 
     # -- writes -----------------------------------------------------------------------------
-    def append(self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = (), read_version: int | None = None) -> int:
-        # Delta reads the app id's version inside the write's own transaction, so a concurrent
-        # commit of the same app id fails with ConcurrentTransactionException; read_version adds
-        # nothing here.
+    def append(
+        self,
+        spec: TableSpec,
+        data: Data,
+        txns: Sequence[AppTxn] = (),
+        read_version: int | None = None,
+        before_commit: Callable[[], None] | None = None,
+    ) -> int:
+        # A concurrent commit of the same app id fails in the write's own transaction (read_version
+        # adds nothing); Delta commits inside the write, so nothing can run before it (no before_commit).
+        assert before_commit is None, "Delta on Spark commits inside its write (checks_before_commit)"
         return self._write(spec, data, txns, "append")
 
     def overwrite(self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = ()) -> int:

@@ -126,7 +126,7 @@ class FakeFlow:
     fails: bool = False
 
 
-def fake_run(ctx: Context, flow: FakeFlow, options: object, handoff: object) -> RunRecord:
+def fake_run(ctx: Context, flow: FakeFlow, options: object) -> RunRecord:
     """The runner of a :class:`FakeFlow`: a job that does nothing, or breaks."""
 
     def body(record: RunRecord) -> None:

@@ -1,7 +1,9 @@
 """A gate checked by the write itself (silver.events and the export's outbox: row-level checks,
 no drop): one pass over the batch counts the failing rows, and a row failing a ``fail`` check stops
-the write before its commit, on both engines. Expected results are written by hand from the three
-rows."""
+the write before its commit, on both engines. A check on a total (gold's partials: their sum against
+the tuples the same pass fanned out) is judged between the write's files and its commit on delta-rs,
+and from one cached pass on Delta on Spark, whose writes commit inside them. Expected results are
+written by hand from the three rows."""
 
 from __future__ import annotations
 
@@ -16,10 +18,11 @@ from pyspark.sql import functions as F
 from pipelines.config.settings import Settings
 from pipelines.flows import flow
 from pipelines.runtime.eventlog import RunRecord
-from pipelines.runtime.incremental import gated_append
+from pipelines.runtime.flow_types import FlowRecord
+from pipelines.runtime.incremental import gated_write
 from pipelines.runtime.quality import ExpectationFailed, gate_in_write
 from pipelines.runtime.runner import Context
-from pipelines.runtime.tables import EXPORT_OUTBOX, SILVER_EVENTS
+from pipelines.runtime.tables import EXPORT_OUTBOX, GOLD_PARTIALS, SILVER_EVENTS
 from pipelines.storage import AppTxn, open_store
 from tests.helpers import counting_reads
 
@@ -29,7 +32,7 @@ T = datetime(2024, 6, 1)
 
 def silver_rows(spark: SparkSession, buckets: list[int]) -> DataFrame:
     return spark.createDataFrame(
-        [(f"u{b}", "e", 1, "d", T, "{}", None, b, f"b{b}", T, {}, None, None, None, None) for b in buckets],
+        [(f"u{b}", "e", 1, "d", T, b, f"b{b}", T, {}, None, None, None, None) for b in buckets],
         SILVER_EVENTS.schema,
     )
 
@@ -39,6 +42,12 @@ def context(spark: SparkSession, engine_settings: Callable[..., Settings], lake:
     ctx = Context(settings=settings, spark=spark, store=open_store(settings, spark))
     ctx.store.ensure(SILVER_EVENTS)
     return ctx
+
+
+def gated_append(
+    ctx: Context, record: RunRecord, rows: DataFrame, name: str = "silver.events", **params: object
+) -> int:
+    return gated_write(ctx, record, flow(name), rows, TXN, None, params, FlowRecord(record, lambda _: None))
 
 
 def outcomes(record: RunRecord) -> dict[str, tuple[str, int, int]]:
@@ -59,7 +68,7 @@ def test_a_passing_batch_is_written_and_counted_in_the_same_pass(
 ) -> None:
     ctx = context(spark, engine_settings, tmp_path / "lake")
     record = RunRecord("silver.events")
-    version = gated_append(ctx, record, flow("silver.events"), silver_rows(spark, [0, 7, 3]), TXN, None, {})
+    version = gated_append(ctx, record, silver_rows(spark, [0, 7, 3]))
     assert sorted(r["bucket"] for r in ctx.store.read(SILVER_EVENTS).collect()) == [0, 3, 7]
     assert ctx.store.txn_version(SILVER_EVENTS, TXN.app_id) == 1 and version == ctx.store.version(SILVER_EVENTS)
     assert outcomes(record) == PASSED_ON_3
@@ -75,7 +84,7 @@ def test_the_gate_and_the_write_read_the_batch_once(
     rows = silver_rows(spark, [0, 7, 3]).withColumn("bucket", bucket)
     ctx = context(spark, engine_settings, tmp_path / "lake")
     record = RunRecord("silver.events")
-    gated_append(ctx, record, flow("silver.events"), rows, TXN, None, {})
+    gated_append(ctx, record, rows)
     assert calls.value == 3
     assert outcomes(record) == PASSED_ON_3
 
@@ -87,7 +96,7 @@ def test_a_row_failing_a_fail_check_stops_the_write_before_its_commit(
     before = ctx.store.version(SILVER_EVENTS)
     record = RunRecord("silver.events")
     with pytest.raises(ExpectationFailed, match=r"bucket_in_range .* failed: 1 of 3 rows"):
-        gated_append(ctx, record, flow("silver.events"), silver_rows(spark, [0, 9, 3]), TXN, None, {})
+        gated_append(ctx, record, silver_rows(spark, [0, 9, 3]))
     assert ctx.store.version(SILVER_EVENTS) == before and ctx.store.read(SILVER_EVENTS).count() == 0
     assert ctx.store.txn_version(SILVER_EVENTS, TXN.app_id) is None
     assert outcomes(record) == {**PASSED_ON_3, "bucket_in_range": ("failed", 3, 1)}
@@ -98,7 +107,7 @@ def test_a_warn_check_writes_every_row_and_counts_the_failing_one(
 ) -> None:
     ctx = context(spark, engine_settings, tmp_path / "lake", **{"silver/events:bucket_in_range": "warn"})
     record = RunRecord("silver.events")
-    gated_append(ctx, record, flow("silver.events"), silver_rows(spark, [0, 9, 3]), TXN, None, {})
+    gated_append(ctx, record, silver_rows(spark, [0, 9, 3]))
     assert sorted(r["bucket"] for r in ctx.store.read(SILVER_EVENTS).collect()) == [0, 3, 9]
     assert outcomes(record) == {**PASSED_ON_3, "bucket_in_range": ("warned", 3, 1)}
 
@@ -111,9 +120,41 @@ def test_a_batch_spark_knows_is_empty_is_counted_without_the_write_s_figures(
     ctx = context(spark, engine_settings, tmp_path / "lake")
     record = RunRecord("silver.events")
     empty = spark.createDataFrame([], SILVER_EVENTS.schema)
-    gated_append(ctx, record, flow("silver.events"), empty, TXN, None, {})
+    gated_append(ctx, record, empty)
     assert ctx.store.read(SILVER_EVENTS).count() == 0 and ctx.store.txn_version(SILVER_EVENTS, TXN.app_id) == 1
     assert outcomes(record) == {name: ("passed", 0, 0) for name in PASSED_ON_3}
+
+
+# -- a check on a total: gold's partials against the tuples fanned out --------------------------------
+def partial_rows(spark: SparkSession, counts: list[int]) -> DataFrame:
+    return spark.createDataFrame(
+        [(1, 0, "event", "k", f"v{i}", T, n, T, "b1", T) for i, n in enumerate(counts)], GOLD_PARTIALS.schema
+    )
+
+
+@pytest.mark.parametrize(("tuples", "outcome"), [(6, "passed"), (7, "failed")])
+def test_a_check_on_the_batch_s_sum_is_judged_before_the_commit_from_one_pass(
+    spark: SparkSession, engine_settings: Callable[..., Settings], tmp_path: Path, tuples: int, outcome: str
+) -> None:
+    # The parameter is a figure the write itself would observe (a callable, read once it has run):
+    # the sum of counts 1 + 2 + 3 against 6 tuples holds, against 7 it does not.
+    ctx = context(spark, engine_settings, tmp_path / "lake")
+    ctx.store.ensure(GOLD_PARTIALS)
+    before = ctx.store.version(GOLD_PARTIALS)
+    count, calls = counting_reads(spark, F.col("count"), "long")
+    rows = partial_rows(spark, [1, 2, 3]).withColumn("count", count)
+    record = RunRecord("gold.partials")
+    if outcome == "failed":
+        with pytest.raises(ExpectationFailed, match=r"count_sum_equals_tuples .* failed: observed 6"):
+            gated_append(ctx, record, rows, "gold.partials", tuples=lambda: tuples)
+        assert ctx.store.version(GOLD_PARTIALS) == before and ctx.store.read(GOLD_PARTIALS).count() == 0
+        table = Path(ctx.store.path(GOLD_PARTIALS))
+        assert not [f for f in table.rglob("*.parquet") if "_delta_log" not in f.parts]  # nothing left behind
+    else:
+        gated_append(ctx, record, rows, "gold.partials", tuples=lambda: tuples)
+        assert sorted(r["count"] for r in ctx.store.read(GOLD_PARTIALS).collect()) == [1, 2, 3]
+    assert calls.value == 3  # the batch read once: by the write, or by the pass that fills the gate's cache
+    assert outcomes(record)["count_sum_equals_tuples"] == (outcome, 3, None)
 
 
 # -- the export's gate, checked by its outbox write --------------------------------------------------

@@ -1,5 +1,5 @@
-"""Gold's two stages run back to back: stage 2 merges stage 1's partials from memory when they are
-exactly what it has pending, and reads the table otherwise; gold is the same either way."""
+"""Gold's two stages run back to back: each writes in one pass, nothing cached; stage 2 reads back
+the partials stage 1 committed; gold is the same whichever pass its partials came in."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pipelines.config.settings import Settings
 from pipelines.config.spark import session_confs
 from pipelines.runtime import ingest, passes
 from pipelines.runtime.incremental import _from_least
+from pipelines.runtime.flow_types import FlowRecord
 from pipelines.runtime.progress import Increment
 from pipelines.runtime.runner import Context
 from pipelines.runtime.tables import GOLD_PARTIALS, GOLD_PROPERTY_VALUES
@@ -32,20 +33,25 @@ def gold_counts(ctx: Context) -> list[tuple[int, str, str, int]]:
     return sorted(tuple(r) for r in rows.collect())
 
 
-def test_stage_two_right_after_stage_one_merges_its_partials_without_reading_them_back(
+def test_each_stage_writes_in_one_pass_and_stage_two_reads_back_what_stage_one_committed(
     ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ingest.ingest_files(ctx, "events", [write_events(tmp_path / "a.jsonl", 1, 10)])
     passes.silver_events(ctx)
-    read = Increment.read
+    read, cached = Increment.read, []
+    monkeypatch.setattr(FlowRecord, "cache", lambda self, df: cached.append(df) or df.persist())
+    reads: list[str] = []
 
-    def no_partials(self: Increment, store: object) -> object:
-        assert self.source != GOLD_PARTIALS, "stage 2 read back the partials stage 1 had just written"
+    def recorded(self: Increment, store: object) -> object:
+        reads.append(self.source.key)
         return read(self, store)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(Increment, "read", no_partials)
+    monkeypatch.setattr(Increment, "read", recorded)
     partials, merged = passes.gold_property_values(ctx)
     assert (partials.status, merged.status) == ("ok", "ok")
+    assert reads == ["silver/events", "gold/property_value_partials"]
+    # A first load is appended in one pass on delta-rs (no cache); Delta on Spark MERGEs it, from a cache.
+    assert len(cached) == (0 if ctx.settings.delta_engine == "delta-rs" else 1)
     # 10 events, $browser alternating Firefox / Chrome and n alternating 0 / 1, in one window.
     assert gold_counts(ctx) == [
         (1, "$browser", "Chrome", 5),
@@ -54,6 +60,12 @@ def test_stage_two_right_after_stage_one_merges_its_partials_without_reading_the
         (1, "n", "1", 5),
     ]
     assert ctx.store.read(GOLD_PARTIALS).count() == 4
+    assert (partials.metrics["input_events"], partials.metrics["tuples"], partials.metrics["partial_rows"]) == (
+        10,
+        20,
+        4,
+    )
+    assert merged.metrics["partial_rows"] == 4 and merged.metrics["merged_rows"] == 4
 
 
 def test_stage_two_reads_the_table_when_more_than_stage_ones_write_is_pending(ctx: Context, tmp_path: Path) -> None:
