@@ -98,8 +98,7 @@ def _context() -> Any:  # GX is imported by the first check that runs through it
 
 @functools.cache
 def _datasource() -> Any:
-    # persist=False: GX would cache every validated frame and never release it (the gates pass
-    # frames that are cached already); a long-running ingest ran out of heap that way.
+    # persist=False: GX would cache every validated frame and never release it (a long ingest ran out of heap).
     return _context().data_sources.add_spark("medallion", persist=False)
 
 
@@ -121,8 +120,7 @@ def _release_batches() -> None:
 
 
 def _run_gx(df: DataFrame, checks: list[Check], name: str) -> list[Any]:
-    """GX results in the order of ``checks`` (GX orders results its own way, so each expectation
-    carries its check's name in ``meta``)."""
+    """GX results in the order of ``checks`` (each expectation carries its check's name in ``meta``)."""
     import great_expectations as gx
 
     tagged = [c.expectation.copy(update={"meta": {CHECK_META: c.name}}, deep=True) for c in checks]
@@ -152,6 +150,11 @@ def _counts(check: Check, result: Any, rows: int | None) -> tuple[int | None, in
         None,
         None if observed is None else f"observed {observed:,}" if isinstance(observed, int | float) else str(observed),
     )
+
+
+def _total_result(suite: Suite, check: Check, rows: int | None, value: int) -> Result:
+    """The result of a check on a total of the batch (a sum) that came out ``value``."""
+    return _batch_result(suite, check, rows, None, check.total_holds(value), f"observed {value:,}")
 
 
 def _exception(info: Any) -> str | None:
@@ -299,13 +302,11 @@ class InWrite:
     _started: float
 
     def validation(self, suite: Suite | None = None) -> Validation[DataFrame]:
-        """The results, read from the write's observed figures (call it after the write).
-        ``suite``: the same suite with its parameters known now (the bounds of its checks on
-        totals may come from figures the same write observed).
+        """The results, read from the write's observed figures (call it after the write); ``suite``:
+        the same suite with its parameters known now (its bounds may come from the same write).
 
-        A batch Spark knows to be empty before it runs (an increment of commits that added no
-        file reads as an empty local relation) is written without running the observed plan, and
-        Spark then has no figures to give: the batch is counted in a pass of its own instead."""
+        A batch Spark knows to be empty (an increment whose commits added no file) is written without
+        running the observed plan, so Spark has no figures: the batch is counted in a pass of its own."""
         suite = suite or self.suite
         try:
             got = self._observed.get
@@ -313,42 +314,37 @@ class InWrite:
             log.debug("%s: no observed figures from the write; counting the batch", suite.table, exc_info=True)
             got = {}
         if "_rows" in got:
-            rows = int(got["_rows"])
-            failed = [int(got[f"_f{i}"]) for i in range(len(self._checks))]
+            rows, failed = int(got["_rows"]), [int(got[f"_f{i}"]) for i in range(len(self._checks))]
             totals = [int(got[f"_t{i}"]) for i in range(len(self._totals))]
         else:
             rows, failed, totals = row_counts(self._batch, suite, self._checks, self._totals)
         by_name = {r.expectation: r for r in _row_results(suite, self._checks, rows, failed)}
         bounds = {c.name: c for c in suite.checks}
         for check, value in zip(self._totals, totals, strict=True):
-            known = bounds.get(check.name)  # None: the suite as its parameters came out has no such check
-            if known is not None:
-                by_name[check.name] = _batch_result(
-                    suite, known, rows, None, known.total_holds(value), f"observed {value:,}"
-                )
+            if known := bounds.get(check.name):  # None: the suite as its parameters came out has none
+                by_name[check.name] = _total_result(suite, known, rows, value)
         results = [by_name[c.name] for c in suite.checks if c.name in by_name]
         return Validation(suite, results, self.rows, None, time.perf_counter() - self._started)
 
 
 def in_write(df: DataFrame, suite: Suite, totals: bool = False) -> InWrite | None:
-    """``suite`` checked by the write of ``df`` itself, with no pass of its own: the row-level
-    checks' failing rows are counted as the write reads the rows (``DataFrame.observe``), and a
-    row failing a ``fail`` check stops the write before it commits (``raise_error`` with
-    :data:`FAILED_IN_WRITE`: Delta commits nothing of a failed job; the caller then validates the
-    batch as :func:`validate` does, for the results and the error). With ``totals`` (a write that
-    can be checked between writing its files and committing them), a check on a total of the
-    batch (a sum) is counted by the write too, and the caller judges it before the commit.
+    """``suite`` checked by the write of ``df`` itself, with no pass of its own: failing rows are
+    counted as the write reads them (``DataFrame.observe``), and a row failing a ``fail`` check
+    stops the write before it commits (``raise_error`` with :data:`FAILED_IN_WRITE`; the caller
+    then validates the batch as :func:`validate` does, for the results and the error). With
+    ``totals`` (a write checked between its files and its commit), a check on a total of the batch
+    (a sum) is counted by the write too, and the caller judges it before the commit.
 
     None when the suite needs the batch before it is written: a check on the whole batch (GX, a
-    uniqueness or a query's rows), or a ``drop`` check, whose rows go to the quarantine before the
-    batch is committed. Checks on figures are left out, as :func:`validate` leaves them out of a
-    batch given no figures."""
+    uniqueness, a query's rows) or a ``drop`` check. Checks on figures are left out."""
     checks = [c for c in suite.checks if c.on != "figures"]
     row_checks = [c for c in checks if c.row_level]
     total_checks = [c for c in checks if not c.row_level and c.total is not None] if totals else []
-    if not checks or any(c.on != "rows" or c.policy == "drop" for c in checks):
-        return None
-    if len(row_checks) + len(total_checks) < len(checks):
+    if (
+        not checks
+        or any(c.on != "rows" or c.policy == "drop" for c in checks)
+        or len(row_checks) + len(total_checks) < len(checks)
+    ):
         return None
     started = time.perf_counter()
     observed = Observation(f"gate_{uuid.uuid4().hex}")
@@ -381,9 +377,7 @@ def validate(
         rows, failed_rows, totals = row_counts(df, suite, row_checks, total_checks)
         by_name.update((r.expectation, r) for r in _row_results(suite, row_checks, rows, failed_rows))
         for check, value in zip(total_checks, totals, strict=True):
-            by_name[check.name] = _batch_result(
-                suite, check, rows, None, check.total_holds(value), f"observed {value:,}"
-            )
+            by_name[check.name] = _total_result(suite, check, rows, value)
     on_batch = [c for c in suite.checks if c.on == "rows" and not c.row_level and c.total is None]
     counted = [(c, q) for c in on_batch if (q := batch.failing_rows_query(c)) is not None]
     if counted:

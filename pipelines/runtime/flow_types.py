@@ -397,8 +397,7 @@ class ExportRun:
     #: The gate of a frame written under ``txn`` by a table's (or dataset's) suite, checked by
     #: the write where the suite allows (:func:`pipelines.runtime.quality.gate_in_write`).
     gate: Callable[[str, DataFrame, AppTxn], WriteGate]
-    #: A block that handles a batch of so many source rows (None: not known), its queries planned
-    #: whole where that is small (:func:`pipelines.config.spark.small_increment`).
+    #: A block for a batch of so many source rows (None: unknown), planned whole where small (``small_increment``).
     small: Callable[[int | None], AbstractContextManager[None]] = lambda _: nullcontext()
 
 
@@ -420,11 +419,9 @@ class WriteGate:
     passed: Callable[[], None]
     #: Validates the batch as :func:`gate` does when the write failed on a row (raises why).
     failed: Callable[[], None]
-    #: Whether ``rows`` holds every row of the batch (no ``drop`` check removed any): then
-    #: figures counted over the batch before the gate hold for what is written.
+    #: Whether ``rows`` holds every row of the batch (no ``drop`` check removed any): figures counted before hold.
     kept_all: bool = True
-    #: Whether the gate's results are judged between the write's files and its commit
-    #: (:meth:`write_staged` hands ``passed`` to the write as its ``before_commit``).
+    #: Whether the gate is judged between the write's files and its commit (:meth:`write_staged`).
     before_commit: bool = False
     #: Releases what the gate cached to validate the batch before its write.
     release: Callable[[], None] = field(default=lambda: None)
@@ -434,9 +431,8 @@ class WriteGate:
         return self.write_staged(lambda rows, _: write(rows), staged=False)
 
     def write_staged(self, write: Callable[[DataFrame, Callable[[], None] | None], T], staged: bool = True) -> T:
-        """``write(rows, before_commit)``: where the gate is judged before the commit (and the write
-        can do it, ``staged``), ``before_commit`` is its ``passed``, else None and the results come
-        after the write."""
+        """``write(rows, before_commit)``: ``passed`` where the gate is judged before the commit (and the
+        write can do it, ``staged``), else None and the results come after the write."""
         early = staged and self.before_commit
         try:
             try:

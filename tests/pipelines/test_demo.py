@@ -133,7 +133,9 @@ def test_demo_counts_page_views_and_autocaptures_with_milestones(
     want: dict[str, int] = {}
     clicks = 0  # autocaptures_by_host's increments: $autocapture clicks with a $host
     for e in views:
-        props = json.loads(e["properties"]) if isinstance(e["properties"], str) else e["properties"]
+        # Read from the message as landed (an independent parse of bronze's raw text).
+        sent = json.loads(e["raw"]).get("properties") or {}
+        props = json.loads(sent) if isinstance(sent, str) else sent
         clicks += e["event"] == "$autocapture" and props.get("$event_type") == "click" and "$host" in props
         path = props.get("$pathname") if e["event"] == "$pageview" else None
         if path is not None:

@@ -13,8 +13,8 @@ from pyspark.sql import SparkSession
 from pipelines.config.settings import Settings
 from pipelines.config.spark import session_confs
 from pipelines.runtime import ingest, passes
-from pipelines.runtime.incremental import _from_least
 from pipelines.runtime.flow_types import FlowRecord
+from pipelines.runtime.incremental import _from_least
 from pipelines.runtime.progress import Increment
 from pipelines.runtime.runner import Context
 from pipelines.runtime.tables import GOLD_PARTIALS, GOLD_PROPERTY_VALUES
