@@ -110,7 +110,12 @@ def file_digests(paths: Sequence[Path]) -> list[LandingFile]:
 
 
 def _records(content: Column) -> Column:
-    """The records of a file's content, as an array of byte strings (see the module docstring)."""
+    """The records of a file's content, as ``struct<encoding, records>``: an array of strings and
+    the charset that turns each back into its bytes (see the module docstring).
+
+    Built with as little per-record work as the forms allow: the records come out as text, split
+    by one native function, and are turned back into bytes after they are exploded into rows,
+    where the projection is compiled, not in a higher-order function per file."""
     # Latin-1 maps every byte to one character and back, so splitting and trimming the text keep
     # the bytes exactly as they came, invalid UTF-8 included (bronze quarantines those).
     text = F.decode(content, "ISO-8859-1")
@@ -122,17 +127,20 @@ def _records(content: Column) -> Column:
     )
     one_value = F.size(whole) == 1
     first = F.substring(stripped, 1, 1)
+    array = one_value & (first == "[")
     lines = F.filter(F.split(text, "\n"), lambda line: F.btrim(line, F.lit(WHITESPACE)) != "")
-    return (
-        F.when(
-            one_value & (first == "["),
-            F.transform(
-                F.from_json(whole[0], "array<string>"),
-                lambda e: F.encode(F.coalesce(e, F.lit("null")), "UTF-8"),
-            ),
-        )
-        .when(one_value & (first == "{"), F.array(F.encode(stripped, "ISO-8859-1")))
-        .otherwise(F.transform(lines, lambda line: F.encode(F.rtrim(line, F.lit("\r")), "ISO-8859-1")))
+    elements = F.transform(F.from_json(whole[0], "array<string>"), lambda e: F.coalesce(e, F.lit("null")))
+    records = F.when(array, elements).when(one_value & (first == "{"), F.array(stripped)).otherwise(lines)
+    # An array's elements are text Spark re-serialised (UTF-8); the other records are Latin-1 bytes.
+    encoding = F.when(array, F.lit("UTF-8")).otherwise(F.lit("ISO-8859-1"))
+    return F.struct(encoding.alias("encoding"), records.alias("records"))
+
+
+def _record_bytes(encoding: Column, record: Column) -> Column:
+    """A record's bytes, from its text as :func:`_records` gives it (a JSON-lines record without
+    the ``\r`` of a CRLF line end)."""
+    return F.when(encoding == "UTF-8", F.encode(record, "UTF-8")).otherwise(
+        F.encode(F.rtrim(record, F.lit("\r")), "ISO-8859-1")
     )
 
 
@@ -147,12 +155,14 @@ def landing_rows(spark: SparkSession, files: Sequence[LandingFile], now: datetim
     content = local.join(F.broadcast(names), "source_file", "left").where(
         F.when(F.col("batch_id").isNull(), F.raise_error(unmatched)).isNull()
     )
-    rows = content.select(
+    split = content.select("source_file", "batch_id", _records(F.col("content")).alias("_r"))
+    rows = split.select(
         "source_file",
         "batch_id",
-        F.posexplode(_records(F.col("content"))).alias("offset", "value"),
+        F.col("_r.encoding").alias("_encoding"),
+        F.posexplode("_r.records").alias("offset", "_record"),
     ).select(
-        "value",
+        _record_bytes(F.col("_encoding"), F.col("_record")).alias("value"),
         F.lit("file").alias("source"),
         "offset",
         "source_file",
