@@ -1,6 +1,9 @@
 """The event path as a scheduled job runs it: ``medallion ingest file``, then ``medallion run all
 --once --drain``, each a fresh process on a fresh lake (its own session, JVM and ClickHouse), timed
-from its start to its exit, beside the warm figures of the same stages.
+from its start to its exit, beside the warm figures of the same stages; and its plain-Spark peer as
+``spark-submit`` runs a job: one fresh process that runs the event path's peers
+(:mod:`pipelines.dev.bench.plain`) over the same files, Parquet from one to the next
+(``python -m pipelines.dev.bench.cold FILE...``).
 
 No warm-up run: every run is cold by design. The JVM's class archive (``spark.class_archive``) is
 what a user's second run finds: the bench's own session started its builder long before.
@@ -23,6 +26,7 @@ from pipelines.dev.bench.workloads import Workload
 COLD_INGEST = "cold: files -> bronze (events)"
 COLD_RUN = "cold: run all --once --drain"
 COLD_CHAIN = "cold chain (events)"
+COLD_PEER = "plain Spark: cold chain (events)"
 #: The warm figure each cold one is read against (``0.60x of warm``).
 WARM = {COLD_INGEST: "files -> bronze (events)", COLD_CHAIN: "end to end (events)"}
 
@@ -63,7 +67,7 @@ def cold_chain(b: Bench, w: Workload) -> None:
     every flow, and their sum (the cold chain), each against its warm figure."""
     files = [str(p) for p in w.chain_files()]
     cli = [sys.executable, "-m", "pipelines"]
-    ingest, run, chain = (b.figure(name, "events") for name in (COLD_INGEST, COLD_RUN, COLD_CHAIN))
+    ingest, run, chain, peer = (b.figure(name, "events") for name in (COLD_INGEST, COLD_RUN, COLD_CHAIN, COLD_PEER))
     for attempt in range(b.repeats):
         work = b.out / "work" / f"cold-{attempt}"
         shutil.rmtree(work, ignore_errors=True)
@@ -83,9 +87,48 @@ def cold_chain(b: Bench, w: Workload) -> None:
         both = {k: max(rss_in[k], rss_run[k]) for k in rss_in}
         chain.record(took_in + took_run, w.n_events, both)
         shutil.rmtree(work, ignore_errors=True)
+        # The peer, in a fresh process of its own, between the chain's runs (the machine's noise alike).
+        took_peer, rss_peer = run_process([sys.executable, "-m", "pipelines.dev.bench.cold", *files], env)
+        peer.record(took_peer, w.n_events, rss_peer)
+        shutil.rmtree(work, ignore_errors=True)
     run.note = "every flow of run all, on the lake the cold ingest left; events through the event path"
     chain.note = "the two processes one after the other: what a scheduled job pays, start-up included"
     ingest.note = "a fresh process from start to exit; no warm-up run, as every run is cold"
+    peer.note = "one fresh process: the event path's plain-Spark peers over the same files, start-up included"
+    chain.peers["plain Spark"] = COLD_PEER
     for name, warm in WARM.items():
         if warm in b.figures:
             b.figures[name].peers["warm"] = warm
+
+
+def peer_chain(files: Sequence[str]) -> None:
+    """The event path's plain-Spark peers over ``files``, one after another, each reading what the
+    one before wrote: what a Spark job submitted once does for the chain's output (run in a fresh
+    process by :func:`cold_chain`; settings from the environment, as the chain's)."""
+    from functools import partial
+    from pathlib import Path
+
+    from pipelines.config.settings import load_settings
+    from pipelines.config.spark import build_spark
+    from pipelines.dev.bench import plain
+    from pipelines.runtime.runner import Context
+    from pipelines.runtime.tables import BRONZE_EVENTS, GOLD_PROPERTY_VALUES, SILVER_EVENTS
+    from pipelines.sources.files import file_digests
+    from pipelines.storage import open_store
+
+    settings = load_settings()
+    spark = build_spark(settings)
+    ctx = Context(settings=settings, spark=spark, store=open_store(settings, spark), say=lambda _: None)
+    out = f"{settings.lake_root}/plain"
+    write = partial(plain.write_as, spark, out)
+    listed = spark.createDataFrame(
+        [(str(f.path), f.digest) for f in file_digests([Path(f) for f in files])], "path string, digest string"
+    )
+    plain.land_event_files(ctx, listed, write)
+    plain.silver_events(ctx, spark.read.parquet(f"{out}/{BRONZE_EVENTS.key}"), write)
+    plain.gold(ctx, spark.read.parquet(f"{out}/{SILVER_EVENTS.key}"), write)
+    plain.export(ctx, spark.read.parquet(f"{out}/{GOLD_PROPERTY_VALUES.key}"), write)
+
+
+if __name__ == "__main__":
+    peer_chain(sys.argv[1:])

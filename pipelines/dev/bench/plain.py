@@ -1,19 +1,24 @@
-"""Plain-Spark peers: each Spark stage's own transforms, from Parquet to Parquet and nothing else.
+"""Plain-Spark peers: what a careful Spark engineer writes for each Spark stage's output, from
+Parquet to Parquet and nothing else.
 
-A peer runs what the stage's job runs (the same bronze / silver / gold transforms, wired as the
-jobs in ``pipelines.runtime.passes`` wire them) over the same input, but reads and writes plain Parquet: no
-Delta, no app transactions, no quality gates, no event log. The stage's rate over its peer's
-(``0.80x of plain Spark``) is then what that bookkeeping costs on top of the Spark work itself.
+A peer does the stage's work (one parse of each event, its deduplication, its fan-out and
+aggregations, with the transforms of bronze / silver / gold, which parse once and run native
+functions) over the same input, and writes the same rows laid out as the stage lays them out (the
+table's partitions, its sort and file size), but as plain Parquet: no Delta, no app transactions,
+no quality gates, no event log, no figures. The stage's rate over its peer's (``0.80x of plain
+Spark``) is then what that bookkeeping costs on top of the Spark work itself. Each peer is held to
+its stage by its rows: the same multiset (a hash of every row, order aside), less the columns each
+run stamps with its own time.
 
 The input is written to Parquet once per stage, outside the timed runs, from the tables the stage
-read, out of a lake the stage has just run in.
+read, out of a lake the stage has just run in (the files the stage landed, for the landing).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -22,8 +27,9 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import DoubleType, MapType
 
 from bronze.events import BRONZE_EVENTS_COLUMNS, parse_events
 from bronze.landing import LANDING_COLUMNS, RAW, VALUE, quarantined, valid
@@ -32,6 +38,7 @@ from gold.metric_windows import close_windows, finish, raw_rows
 from gold.property_values import fan_out, merge_source, partials
 from pipelines.config import layers
 from pipelines.dev.bench.measure import Figure, timed, warm_up_first
+from pipelines.flows.silver import META_ID, PAGE_CHANGE_ORDER
 from pipelines.runtime.runner import Context
 from pipelines.runtime.tables import (
     BRONZE_EVENTS,
@@ -49,6 +56,9 @@ from pipelines.runtime.tables import (
 from pipelines.sinks import clickhouse
 from pipelines.sources.files import LandingFile, file_digests, landing_rows
 from pipelines.storage import TableSpec
+from pipelines.storage.conform import clustered, conform_df
+from silver.buckets import assign_buckets
+from silver.dedup import IDENTITY, LANDING_ORDER, first_copies, mark_repeats, suspects
 from silver.events import to_silver_events
 from silver.metric_panes import pane_run, select_samples
 from silver.page_changes import dedup_page_changes
@@ -59,8 +69,9 @@ if TYPE_CHECKING:
 LABEL = "plain Spark"
 PREFIX = f"{LABEL}: "  # a peer figure is named after its stage: "plain Spark: silver events"
 
-#: Writes a DataFrame as Parquet under a name and returns it read back (what a next step reads).
-Write = Callable[[str, DataFrame], DataFrame]
+#: Writes a DataFrame as Parquet as the table writes it, under its key, and returns it read back
+#: (what a next step reads).
+Write = Callable[[TableSpec, DataFrame], DataFrame]
 #: The stage's transforms: settings from the stage's context, its input read from Parquet. The
 #: output that stands for the stage's table is written under that table's key.
 Transform = Callable[[Context, DataFrame, Write], None]
@@ -87,9 +98,10 @@ def landing(spec: TableSpec, kind: str) -> Source:
 # -- the stages' transforms, wired as the jobs wire them ------------------------------------------
 def land_events(ctx: Context, rows: DataFrame, write: Write) -> None:
     # Persisted as the job does: both the landed and the quarantined rows come from one parse.
-    parsed = rows.transform(parse_events(ctx.settings.kafka.max_message_bytes)).persist()
-    write(BRONZE_EVENTS.key, valid(parsed, BRONZE_EVENTS_COLUMNS))
-    write(BRONZE_QUARANTINE.key, quarantined(parsed, "events"))
+    settings = ctx.settings
+    parsed = rows.transform(parse_events(settings.kafka.max_message_bytes, settings.bronze.number_notation)).persist()
+    write(BRONZE_EVENTS, valid(parsed, BRONZE_EVENTS_COLUMNS))
+    write(BRONZE_QUARANTINE, quarantined(parsed, "events"))
     parsed.unpersist()
 
 
@@ -116,31 +128,50 @@ def files_source(paths: Sequence[Path]) -> Source:
 def page_changes(ctx: Context, bronze: DataFrame, write: Write) -> None:
     # The stage drains one batch into a fresh lake: no state before it and every window closes,
     # which is the one-run transform (dedup_run with empty state and no watermark).
-    cfg = ctx.settings.page_changes
-    write(SILVER_PAGE_CHANGES.key, bronze.transform(dedup_page_changes(cfg.mode, cfg.window)))
+    # An exact repeat (a meta.id landed before, within the horizon) is dropped first, as the stage
+    # drops it, in the order the changes landed (one load: no commit versions).
+    cfg, horizon = ctx.settings.page_changes, ctx.settings.silver.dedup_horizon
+    if horizon:
+        marked = bronze.transform(mark_repeats(None, horizon, order=PAGE_CHANGE_ORDER[1:], identity=META_ID))
+        bronze = first_copies(marked)
+    write(SILVER_PAGE_CHANGES, bronze.transform(dedup_page_changes(cfg.mode, cfg.window)))
 
 
 def silver_events(ctx: Context, bronze: DataFrame, write: Write) -> None:
-    write(SILVER_EVENTS.key, bronze.transform(to_silver_events(layers.bucket_mapping(ctx.settings))))
+    # The stage's work on a first load: each event once (a repeat of an identity the batch holds
+    # within the horizon dropped; only the identities held twice go through the window that
+    # finds the first copy, in the order they landed: one load, so no commit versions), then its bucket.
+    mapping, horizon = layers.bucket_mapping(ctx.settings), ctx.settings.silver.dedup_horizon
+    rows = bronze.transform(assign_buckets(mapping))
+    if horizon:
+        twice = F.broadcast(suspects(rows, None).select(*IDENTITY))
+        marked = rows.join(twice, list(IDENTITY), "left_semi").transform(
+            mark_repeats(None, horizon, "timestamp", LANDING_ORDER[1:])
+        )
+        rows = rows.join(twice, list(IDENTITY), "left_anti").unionByName(first_copies(marked))
+    write(SILVER_EVENTS, rows.transform(to_silver_events(mapping)))
 
 
 def gold(ctx: Context, events: DataFrame, write: Write) -> None:
     # Two steps as in the stage: stage 2 reads what stage 1 wrote.
     tuples = events.transform(fan_out(layers.fanout_rules(ctx.settings)))
-    parts = write(GOLD_PARTIALS.key, tuples.transform(partials(ctx.settings.gold.window)))
-    write(GOLD_PROPERTY_VALUES.key, parts.transform(merge_source()))
+    parts = write(GOLD_PARTIALS, tuples.transform(partials(ctx.settings.gold.window)))
+    write(GOLD_PROPERTY_VALUES, parts.transform(merge_source()))
 
 
 def export(ctx: Context, gold_rows: DataFrame, write: Write) -> None:
-    # The stage drains (every window closed) against nothing exported before. The rows to send
-    # are written as Parquet, then loaded into ClickHouse (a database of the peer's own) as the
-    # stage sends them, in Arrow batches of the insert chunk size: the same delivery, without the
-    # outbox, the send order and tokens, or the exported state.
+    # The stage drains (every window closed) against nothing exported before. What is exported is
+    # written as the stage records it, and the rows to send as Parquet, then loaded into
+    # ClickHouse (a database of the peer's own) as the stage sends them, in Arrow batches of the
+    # insert chunk size: the same delivery, without the outbox, the send order and tokens.
     g = ctx.settings.gold
     exported = ctx.spark.createDataFrame([], EXPORTED_SCHEMA)
     batch = gold_rows.transform(export_batch(exported, g.window, None, g.min_export_count))
-    sendable = batch.where("NOT _gated AND NOT _dropped").select(*EXPORT_COLUMNS, last_seen(g.window))
-    sent = write(GOLD_EXPORTED.key, sendable)
+    sendable = batch.where("NOT _gated AND NOT _dropped")
+    count = F.col("count").alias("exported_count")
+    write(GOLD_EXPORTED, sendable.select(*EXPORT_COLUMNS[:-1], count, F.lit(1).alias("export_seq")))
+    rows = sendable.select(*EXPORT_COLUMNS, last_seen(g.window))
+    sent = write(TableSpec("peer", "clickhouse_rows", rows.schema), rows)
     database = f"{ctx.settings.clickhouse.database}_plain"
     with clickhouse.connect(ctx.settings) as client:
         clickhouse.ensure_property_values(client, database)
@@ -166,9 +197,9 @@ def metric_windows(ctx: Context, samples: DataFrame, write: Write) -> None:
         through = newest[0] + agg.window
         lasts = mine.select("aggregation", "series_id", "timestamp", "value").limit(0)
         step = pane_run(agg, mine, mine.limit(0), lasts, None, through, 1, close_all=True)
-        panes = write(f"{SILVER_METRIC_PANES.key}/{agg.name}", step.panes)
+        panes = write(replace(SILVER_METRIC_PANES, name=f"{SILVER_METRIC_PANES.name}/{agg.name}"), step.panes)
         windows = raw_rows(panes) if agg.raw else close_windows(agg, panes, panes, None, through)
-        write(f"{GOLD_METRIC_WINDOWS.key}/{agg.name}", finish(windows))
+        write(replace(GOLD_METRIC_WINDOWS, name=f"{GOLD_METRIC_WINDOWS.name}/{agg.name}"), finish(windows))
         mine.unpersist()
 
 
@@ -176,8 +207,7 @@ def metric_windows(ctx: Context, samples: DataFrame, write: Write) -> None:
 class Peer:
     source: Source
     transform: Transform
-    #: The stage's output table: the peer's output under its key should have as many rows, which
-    #: shows that the peer did the stage's work.
+    #: The stage's output table: the peer's rows under its key must be the stage's (:func:`rows_hash`).
     target: TableSpec
 
 
@@ -196,11 +226,58 @@ PEERS: dict[str, Peer] = {
     "samples -> metric windows (sliding 1m, 6 panes)": METRIC_WINDOWS,
 }
 
+#: Columns each run stamps with its own time (when it landed, counted, exported a row, how far it
+#: closed windows) or with its source's commit (a peer reads a copy of one load, with none): left
+#: out of the comparison of a peer's rows with its stage's.
+RUN_STAMPED = (
+    "ingest_time",
+    "created_at",
+    "first_seen",
+    "last_seen",
+    "exported_at",
+    "closed_through",
+    "bronze_version",
+)
 
-def _write(spark: SparkSession, output: str, name: str, df: DataFrame) -> DataFrame:
-    path = f"{output}/{name}"
-    df.write.mode("overwrite").parquet(path)
+
+def write_as(spark: SparkSession, output: str, spec: TableSpec, df: DataFrame) -> DataFrame:
+    """``df`` as ``spec``'s rows, laid out as the stage's writer lays them out (its partitions, each
+    task's rows sorted by its clustering, files of at most its rows), as plain Parquet."""
+    path = f"{output}/{spec.key}"
+    writer = clustered(conform_df(df, spec.schema), spec.partition_by, spec.cluster_by).write.mode("overwrite")
+    if spec.partition_by:
+        writer = writer.partitionBy(*spec.partition_by)
+    if spec.file_rows:
+        writer = writer.option("maxRecordsPerFile", spec.file_rows)
+    writer.parquet(path)
     return spark.read.parquet(path)
+
+
+#: The ranks a quantile sketch is compared at: two sketches of the same values merged in another
+#: order differ in their bytes, not in what they answer.
+_RANKS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
+
+
+def _hashed(df: DataFrame, column: str) -> Column:
+    """A column as two runs of the same work give it alike: a map's entries in key order, a double
+    to 12 significant digits (a sum added up in another order differs in its last bits), a KLL
+    sketch by its quantiles."""
+    kind, c = df.schema[column].dataType, F.col(column)
+    if isinstance(kind, MapType):
+        return F.array_sort(F.map_entries(c))
+    if isinstance(kind, DoubleType):
+        return F.format_string("%.12g", c)
+    if column == "quantiles":
+        return F.array(*(F.kll_sketch_get_quantile_double(c, F.lit(r)) for r in _RANKS)).cast("array<string>")
+    return c
+
+
+def rows_hash(df: DataFrame, columns: Sequence[str]) -> tuple[int, ...]:
+    """(rows, the sum of each row's 64-bit hash over ``columns``, then the sum of each column's):
+    equal for two frames that hold the same rows in any order. One row of figures."""
+    sums = [F.xxhash64(*(_hashed(df, c) for c in columns)), *(F.xxhash64(_hashed(df, c)) for c in columns)]
+    row = df.agg(F.count(F.lit(1)), *(F.sum(h.cast("decimal(38,0)")) for h in sums)).first()
+    return tuple(int(v or 0) for v in row) if row is not None else (0,) * (len(columns) + 2)
 
 
 def _folder(stage: str) -> str:
@@ -215,7 +292,8 @@ FILE_PEERS: dict[str, Callable[[Sequence[Path]], Peer]] = {
 
 def measure(b: Bench, ctx: Context, stages: Iterable[str], files: dict[str, Sequence[Path]] | None = None) -> None:
     """Time the plain-Spark peer of each of ``stages``, over the input ``ctx``'s lake holds, or
-    for a stage named in ``files``, over those files, read as the stage read them."""
+    for a stage named in ``files``, over those files, read as the stage read them; then hold the
+    peer's rows to the stage's."""
     for stage in stages:
         ours = b.figures.get(stage)
         if ours is None or not ours.units:
@@ -224,19 +302,29 @@ def measure(b: Bench, ctx: Context, stages: Iterable[str], files: dict[str, Sequ
         root = b.out / "work" / "plain" / _folder(stage)
         source, output = str(root / "input"), str(root / "output")
         peer.source(ctx).write.mode("overwrite").parquet(source)
-        write = partial(_write, ctx.spark, output)
+        write = partial(write_as, ctx.spark, output)
 
         fig = b.figure(PREFIX + stage, ours.unit)
         for attempt in range(b.repeats + 1):
             # The stage's units (events in, rows out), so the two rates compare the same work.
             with timed(warm_up_first(fig, attempt), ours.units[-1]):
                 peer.transform(ctx, ctx.spark.read.parquet(source), write)
-        # One folder per aggregation for the metric windows, hence the recursive lookup.
-        rows = ctx.spark.read.option("recursiveFileLookup", "true").parquet(f"{output}/{peer.target.key}").count()
-        theirs = ctx.store.read(peer.target).count()
-        same = "as many as the stage's" if rows == theirs else f"where the stage wrote {theirs:,} to"
-        fig.note = f"{rows:,} rows out, {same} {peer.target.key}"
+        fig.note = _same_rows(ctx, peer.target, f"{output}/{peer.target.key}")
         ours.peers[LABEL] = fig.stage
+
+
+def _same_rows(ctx: Context, target: TableSpec, path: str) -> str:
+    """Whether the peer's rows at ``path`` are the stage's in ``target`` (a hash of each side's
+    rows), for the figure's note."""
+    # One folder per aggregation for the metric windows, hence the recursive lookup.
+    theirs = ctx.spark.read.option("recursiveFileLookup", "true").parquet(path)
+    columns = sorted(c for c in target.schema.fieldNames() if c not in RUN_STAMPED and c in theirs.columns)
+    peer, stage = rows_hash(theirs, columns), rows_hash(ctx.store.read(target), columns)
+    n, m = peer[0], stage[0]
+    if peer[:2] == stage[:2]:
+        return f"{n:,} rows out, the stage's rows in {target.key} (the same hash of every row)"
+    differ = [c for c, a, b in zip(columns, peer[2:], stage[2:], strict=True) if a != b]
+    return f"{n:,} rows out, NOT the stage's {m:,} rows in {target.key} (their hashes differ in {', '.join(differ)})"
 
 
 def sum_of(b: Bench, stage: str, parts: Sequence[str]) -> None:
