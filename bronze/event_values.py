@@ -63,11 +63,14 @@ class Defer(Exception):
     """The message is left to the Spark parser."""
 
 
-class _Fraction(float):
-    """A number written with a fraction or an exponent: its double, and the text it was written as."""
+class _Fraction:
+    """A number written with a fraction or an exponent: its double, and the text it was written as.
+    Not a ``float``: the stdlib's encoder then refuses it, which :func:`_nested_json` relies on."""
 
-    __slots__ = ("token",)
-    token: str
+    __slots__ = ("token", "value")
+
+    def __init__(self, token: str, value: float) -> None:
+        self.token, self.value = token, value
 
 
 def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -92,16 +95,15 @@ def _int_serde(text: str) -> int:
 def _fraction(text: str) -> _Fraction:
     if len(text) > _MAX_NUMBER_CHARS:
         raise Defer("a long number")
-    value = _Fraction(text)
+    value = float(text)
     if math.isinf(value):
         raise Defer("a number out of range")
-    value.token = text
-    return value
+    return _Fraction(text, value)
 
 
 def _fraction_serde(text: str) -> _Fraction:
     value = _fraction(text)
-    if value == 0 and text.startswith("-"):
+    if value.value == 0 and text.startswith("-"):
         raise Defer("a negative zero")
     return value
 
@@ -195,16 +197,36 @@ def _decimal_json(token: str) -> str:
     return f"{sign}{digits}.{fraction}" if fraction else sign + digits
 
 
+_compact = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False).encode
+#: A character at or above the first surrogate: code-point order and UTF-16 order may then differ.
+_PAST_BMP_ORDER = re.compile("[\ud800-\U0010ffff]")
+
+
 def _nested_json(value: Any) -> str:
-    """A nested value as Spark writes the VARIANT it parses to: compact, keys in UTF-16 order."""
+    """A nested value as Spark writes the VARIANT it parses to: compact, keys in UTF-16 order.
+
+    The stdlib's C encoder writes it where its text is the same: no fraction inside (a
+    :class:`_Fraction` it refuses), no escape in ``\\u`` form (Jackson writes its hex in capitals)
+    and no character whose code point orders otherwise than its UTF-16 units; else it is written
+    here."""
+    try:
+        text = _compact(value)
+    except TypeError:
+        return _written(value)
+    if "\\u" in text or (not text.isascii() and _PAST_BMP_ORDER.search(text)):
+        return _written(value)
+    return text
+
+
+def _written(value: Any) -> str:
     kind = type(value)
     if kind is str:
         return _json_string(value)
     if kind is dict:
         items = sorted(value.items(), key=lambda kv: _utf16(kv[0]))
-        return "{" + ",".join(f"{_json_string(k)}:{_nested_json(v)}" for k, v in items) + "}"
+        return "{" + ",".join(f"{_json_string(k)}:{_written(v)}" for k, v in items) + "}"
     if kind is list:
-        return "[" + ",".join(_nested_json(v) for v in value) + "]"
+        return "[" + ",".join(_written(v) for v in value) + "]"
     if kind is bool:
         return "true" if value else "false"
     if value is None:
@@ -212,6 +234,9 @@ def _nested_json(value: Any) -> str:
     if kind is int:
         return str(value)
     return _decimal_json(value.token)
+
+
+_KINDS = {str: STRING, int: INTEGER, bool: BOOLEAN, _Fraction: NUMBER, type(None): NULL, dict: OBJECT, list: ARRAY}
 
 
 class _Documents:
@@ -230,30 +255,23 @@ class _Documents:
             self.nulls.append(True)
             self.offsets.append(self.offsets[-1])
             return
-        keys, kinds, texts = self.keys, self.kinds, self.texts
-        for key, value in obj.items():
-            kind = type(value)
-            if kind is str:
-                kinds.append(STRING)
-                texts.append(value)
-            elif kind is int:
-                kinds.append(INTEGER)
-                texts.append(str(value))
-            elif kind is bool:
-                kinds.append(BOOLEAN)
-                texts.append("true" if value else "false")
-            elif kind is _Fraction:
-                kinds.append(NUMBER)
-                texts.append(fractional_text(value, self.notation))
-            elif value is None:
-                kinds.append(NULL)
-                texts.append(None)
-            else:
-                kinds.append(OBJECT if kind is dict else ARRAY)
-                texts.append(_nested_json(value))
-            keys.append(key)
+        values = obj.values()
+        # Comprehensions over the values, which are mostly strings: the entries' kinds, then texts.
+        self.kinds.extend([_KINDS[type(v)] for v in values])
+        self.texts.extend([v if type(v) is str else str(v) if type(v) is int else self._text(v) for v in values])
+        self.keys.extend(obj)
         self.nulls.append(False)
-        self.offsets.append(len(keys))
+        self.offsets.append(len(self.keys))
+
+    def _text(self, value: Any) -> str | None:
+        kind = type(value)
+        if kind is bool:
+            return "true" if value else "false"
+        if kind is _Fraction:
+            return fractional_text(value.value, self.notation)
+        if value is None:
+            return None
+        return _nested_json(value)
 
     def keep(self, rows: int) -> None:
         """Forget what was added after the first ``rows`` rows (a message deferred after all)."""
