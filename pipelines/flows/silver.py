@@ -15,7 +15,7 @@ from pipelines.config.settings import Settings
 from pipelines.runtime.flow_types import Batch, FlowRecord, StateBatch, StateRules, StateStep
 from pipelines.runtime.tables import SILVER_EVENTS, SILVER_PAGE_CHANGES
 from silver.buckets import BucketMapping, assign_buckets, in_buckets
-from silver.dedup import IDENTITY, REPEAT, first_copies, mark_repeats, recent_identities, suspects
+from silver.dedup import IDENTITY, LANDING_ORDER, REPEAT, first_copies, mark_repeats, recent_identities, suspects
 from silver.events import to_silver_events
 from silver.page_changes import (
     EVENT_COLUMNS,
@@ -192,8 +192,6 @@ def page_change_config(settings: Settings) -> PageChangeConfig:
 
 #: A page change's identity: its ``meta.id``, the same on every copy of one change.
 META_ID = ("meta_id",)
-#: The order page changes landed in (bronze's commit, file, partition, offset), then their text.
-PAGE_CHANGE_ORDER = ("_commit_version", "source_file", "partition", "offset", "raw")
 
 
 def new_page_changes(new: DataFrame, buffered: DataFrame, horizon: timedelta) -> tuple[DataFrame, int, datetime | None]:
@@ -207,7 +205,7 @@ def new_page_changes(new: DataFrame, buffered: DataFrame, horizon: timedelta) ->
     n_in, batch_max = (int(totals["n"]), totals["t"]) if totals is not None else (0, None)
     if horizon:
         seen = recent_identities(buffered, META_ID)
-        new = first_copies(new.transform(mark_repeats(seen, horizon, order=PAGE_CHANGE_ORDER, identity=META_ID)))
+        new = first_copies(new.transform(mark_repeats(seen, horizon, order=LANDING_ORDER, identity=META_ID)))
     return new.select(*EVENT_COLUMNS), n_in, batch_max
 
 

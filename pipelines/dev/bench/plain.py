@@ -38,7 +38,7 @@ from gold.metric_windows import close_windows, finish, raw_rows
 from gold.property_values import fan_out, merge_source, partials
 from pipelines.config import layers
 from pipelines.dev.bench.measure import Figure, timed, warm_up_first
-from pipelines.flows.silver import META_ID, PAGE_CHANGE_ORDER
+from pipelines.flows.silver import META_ID
 from pipelines.runtime.runner import Context
 from pipelines.runtime.tables import (
     BRONZE_EVENTS,
@@ -95,6 +95,10 @@ def landing(spec: TableSpec, kind: str) -> Source:
     return read
 
 
+#: The order rows landed in, as a peer reads them: a copy of one load, which has no commit versions.
+ONE_LOAD_ORDER = tuple(c for c in LANDING_ORDER if c != "_commit_version")
+
+
 # -- the stages' transforms, wired as the jobs wire them ------------------------------------------
 def land_events(ctx: Context, rows: DataFrame, write: Write) -> None:
     # Persisted as the job does: both the landed and the quarantined rows come from one parse.
@@ -132,7 +136,7 @@ def page_changes(ctx: Context, bronze: DataFrame, write: Write) -> None:
     # drops it, in the order the changes landed (one load: no commit versions).
     cfg, horizon = ctx.settings.page_changes, ctx.settings.silver.dedup_horizon
     if horizon:
-        marked = bronze.transform(mark_repeats(None, horizon, order=PAGE_CHANGE_ORDER[1:], identity=META_ID))
+        marked = bronze.transform(mark_repeats(None, horizon, order=ONE_LOAD_ORDER, identity=META_ID))
         bronze = first_copies(marked)
     write(SILVER_PAGE_CHANGES, bronze.transform(dedup_page_changes(cfg.mode, cfg.window)))
 
@@ -146,7 +150,7 @@ def silver_events(ctx: Context, bronze: DataFrame, write: Write) -> None:
     if horizon:
         twice = F.broadcast(suspects(rows, None).select(*IDENTITY))
         marked = rows.join(twice, list(IDENTITY), "left_semi").transform(
-            mark_repeats(None, horizon, "timestamp", LANDING_ORDER[1:])
+            mark_repeats(None, horizon, "timestamp", ONE_LOAD_ORDER)
         )
         rows = rows.join(twice, list(IDENTITY), "left_anti").unionByName(first_copies(marked))
     write(SILVER_EVENTS, rows.transform(to_silver_events(mapping)))
