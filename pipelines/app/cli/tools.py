@@ -179,10 +179,11 @@ def analyze_dedup(state: State, windows: str, table_key: str, files: tuple[Path,
 )
 @click.option(
     "--only",
-    type=click.Choice(["ingest", "dedup"]),
+    type=click.Choice(["ingest", "dedup", "chain"]),
     help="Only these stages: ingest = Kafka and remote write -> bronze with their peers "
     "(VictoriaMetrics and Prometheus among them); dedup = silver events with deduplication by event "
-    "identity on and off, at every size up to --size.",
+    "identity on and off, at every size up to --size; chain = the event path warm and cold, with "
+    "its plain-Spark and ClickHouse peers and Spark's jobs per stage.",
 )
 @click.pass_obj
 def bench(
@@ -204,6 +205,7 @@ def bench(
     """
     from pipelines.config.spark import build_spark
     from pipelines.dev.bench import sparklog
+    from pipelines.dev.bench.event_path import run_chain
     from pipelines.dev.bench.run import run_bench
 
     if freshness_rates is not None:
@@ -220,7 +222,7 @@ def bench(
     out = out_dir or Path("bench-results") / (size if only is None else f"{size}-{only}")
     say_step("starting Spark")
     # Each stage's jobs, from Spark's record: the full bench reads it; a Connect client has none.
-    recorded = only is None and not state.settings.spark.remote
+    recorded = only in (None, "chain") and not state.settings.spark.remote
     if recorded and "spark.eventLog.enabled" not in state.settings.spark.conf:
         state.settings.spark.conf.update(sparklog.confs(out.resolve() / sparklog.FOLDER))
     spark = build_spark(state.settings)
@@ -232,6 +234,8 @@ def bench(
         from pipelines.dev.bench.ingest import run_ingest
 
         result = run_ingest(size, out, spark, runs, say=say_step)
+    elif only == "chain":
+        result = run_chain(size, out, spark, runs, say=say_step)
     else:
         result = run_bench(size, out, spark, runs, say=say_step)
     console.print((out / "bench.md").read_text())
