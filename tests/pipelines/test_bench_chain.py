@@ -20,19 +20,12 @@ import pytest
 
 from pipelines.dev.bench.workloads import SIZES
 from tests.demo_lake import DEMO_GROUP
-from tests.pipelines.test_bench import checked_peer
+from tests.pipelines.test_bench import PNG, SPARK_STAGES, checked_peer
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group(DEMO_GROUP)]
 
 #: The event path's Spark stages and their sum, each held to its plain-Spark peer.
-EVENT_STAGES = (
-    "files -> bronze (events)",
-    "silver page changes",
-    "silver events",
-    "gold (stage 1 + 2)",
-    "export to ClickHouse",
-    "end to end (events)",
-)
+EVENT_STAGES = SPARK_STAGES[:6]
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +63,7 @@ def test_the_event_path_warm_and_cold_with_every_peer(chain: tuple[Path, dict[st
     assert stages["plain Spark: cold chain (events)"]["runs"] == cold["runs"] == 1
     # Only the event path: none of the whole bench's other stages or extras.
     assert not [s for s in stages if s.startswith(("Kafka", "remote write", "samples", "gates off"))]
-    assert (out / "bench.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert (out / "bench.png").read_bytes().startswith(PNG)
 
 
 def test_each_spark_stage_has_its_jobs_from_sparks_event_log(chain: tuple[Path, dict[str, Any]]) -> None:

@@ -4,7 +4,6 @@ of the whole bench's time."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Callable
@@ -67,7 +66,6 @@ def run_chain(
         "spark_jobs": spark_jobs,
         "wall_seconds": round(time.perf_counter() - t0, 1),
     }
-    (out / "bench.json").write_text(json.dumps(result, indent=2, default=str))
     report.write(result, out)
     shutil.rmtree(out / "work", ignore_errors=True)
     return result

@@ -6,7 +6,6 @@ receiver, one and two receiver processes, VictoriaMetrics and Prometheus
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Callable
@@ -67,7 +66,6 @@ def run_ingest(
         "stages": sorted(as_dicts(b.figures), key=lambda s: s["stage"].startswith(plain.PREFIX)),
         "wall_seconds": round(time.perf_counter() - t0, 1),
     }
-    (out / "bench.json").write_text(json.dumps(result, indent=2, default=str))
     report.write(result, out)
     shutil.rmtree(out / "work", ignore_errors=True)
     return result

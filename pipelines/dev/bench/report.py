@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 from pathlib import Path
@@ -281,6 +282,8 @@ def chain_charts(fig: Any, grid: Any, result: dict[str, Any]) -> None:
 
 
 def write(result: dict[str, Any], out: Path) -> list[Path]:
+    """A bench run's ``result`` as ``bench.json``, ``bench.md`` and its charts in ``out``."""
+    (out / "bench.json").write_text(json.dumps(result, indent=2, default=str))
     (out / "bench.md").write_text(markdown(result))
     return [out / "bench.md", out / "bench.json", *charts(result, out)]
 

@@ -7,7 +7,6 @@ path per process) with a database per run.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 import uuid
@@ -397,7 +396,6 @@ def run_bench(
         "spark_jobs": spark_jobs,
         "wall_seconds": round(time.perf_counter() - t0, 1),
     }
-    (out / "bench.json").write_text(json.dumps(result, indent=2, default=str))
     report.write(result, out)
     shutil.rmtree(out / "work", ignore_errors=True)
     return result
