@@ -13,9 +13,8 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from pipelines.dev.bench import plain
-from pipelines.dev.bench.cold import cold_chain
 from pipelines.dev.bench.measure import Bench, as_dicts
-from pipelines.dev.bench.run import CHAIN_STAGES, END_TO_END, EVENT_PATH, chain, clickhouse_peer
+from pipelines.dev.bench.run import event_path
 from pipelines.dev.bench.workloads import SIZES, generate
 from pipelines.runtime.tables import BRONZE_PAGE_CHANGES
 
@@ -26,7 +25,9 @@ def run_chain(
     """Only the event path at a size, warm and cold, with the peers it is held to: the chain (a
     warm-up, then ``repeats`` runs, gates on), ClickHouse's fan-out and GROUP BY, the plain-Spark
     peers and their end to end, and the cold chain beside its one-process peer. The figures of
-    issue 41 in a fraction of the whole bench's time; the same table, JSON, chart and Spark jobs."""
+    issue 41 in a fraction of the whole bench's time; the same table, JSON, chart and Spark jobs.
+    The whole bench runs the same ``event_path`` (its smoke test, tests/pipelines/test_bench.py,
+    holds its figures and peers), with the gates-off runs and the other stages beside it."""
     from pipelines.dev.bench import report, sparklog
 
     size = SIZES[size_name]
@@ -37,17 +38,7 @@ def run_chain(
     t0 = time.perf_counter()
     say(f"bench {size.name}, the event path: generating the workload")
     w = generate(size, out / "work" / f"data-{size.name}", remote_write=False)
-    say(f"pipeline chain: 1 warm-up + {repeats} runs, the quality gates on")
-    chain(b, w, record=False)
-    for i in range(repeats):
-        ctx = chain(b, w, record=True)
-        say(f"  run {i + 1}/{repeats} done")
-    say("peers: ClickHouse fan-out, plain Spark")
-    clickhouse_peer(b, ctx)
-    plain.measure(b, ctx, CHAIN_STAGES, files={"files -> bronze (events)": w.chain_files()})
-    plain.sum_of(b, END_TO_END, EVENT_PATH)
-    say(f"cold chain: {repeats} run(s) of ingest file, then run all --once --drain, each a fresh process")
-    cold_chain(b, w)
+    ctx = event_path(b, w, gates_off=False)
     spark_jobs = sparklog.figures_of(spark, {f.stage: f.windows for f in b.figures.values() if f.windows})
     result = {
         "size": size.name,

@@ -300,6 +300,29 @@ def buffer_growth(b: Bench, w: Workload) -> list[dict[str, Any]]:
 NOT_SCALED = ("peer", plain.PREFIX, GATES_OFF, "remote", "Kafka", "end", "samples", "cold")
 
 
+def event_path(b: Bench, w: Workload, gates_off: bool) -> Context:
+    """The event path warm and cold, with the peers it is held to: a warm-up chain, then
+    ``b.repeats`` runs with the gates on (each followed, with ``gates_off``, by one with them
+    off), ClickHouse's fan-out and GROUP BY, the plain-Spark peers and their end to end, and the
+    cold chain beside its one-process peer. The whole bench at S and M runs it, and so does
+    ``--only chain``, alone. Returns the last gated run's context."""
+    off = ", then off" if gates_off else ""
+    b.say(f"pipeline chain: 1 warm-up + {b.repeats} runs, each with the quality gates on{off}")
+    chain(b, w, record=False)
+    for i in range(b.repeats):
+        ctx = chain(b, w, record=True)
+        if gates_off:
+            chain(b, w, record=True, gates=False)
+        b.say(f"  run {i + 1}/{b.repeats} done")
+    b.say("peers: ClickHouse fan-out, plain Spark")
+    clickhouse_peer(b, ctx)
+    plain.measure(b, ctx, CHAIN_STAGES, files={"files -> bronze (events)": w.chain_files()})
+    plain.sum_of(b, END_TO_END, EVENT_PATH)
+    b.say(f"cold chain: {b.repeats} run(s) of ingest file, then run all --once --drain, each a fresh process")
+    cold_chain(b, w)
+    return ctx
+
+
 def run_bench(
     size_name: str, out: Path, spark: SparkSession, repeats: int = 3, say: Callable[[str], None] = print
 ) -> dict[str, Any]:
@@ -324,25 +347,17 @@ def run_bench(
     w = workloads[size.name]
 
     if full:
-        say(f"pipeline chain: 1 warm-up + {repeats} runs, each with the quality gates on, then off")
-        ctx = chain(b, w, record=False)
+        ctx = event_path(b, w, gates_off=True)
+        say("peer: Spark dedup")
+        spark_dedup_peer(b, ctx)
+        ingest_stages(b, w)
     else:
         say(f"pipeline chain: an S chain to warm up, then {repeats} run(s) at {size.name} with the quality gates on")
         chain(b, workloads["S"], record=False)
-    for i in range(repeats):
-        ctx = chain(b, w, record=True)
-        if full:
-            chain(b, w, record=True, gates=False)
-        say(f"  run {i + 1}/{repeats} done")
+        for i in range(repeats):
+            ctx = chain(b, w, record=True)
+            say(f"  run {i + 1}/{repeats} done")
     if full:
-        say("peers: ClickHouse fan-out, Spark dedup, plain Spark")
-        clickhouse_peer(b, ctx)
-        spark_dedup_peer(b, ctx)
-        plain.measure(b, ctx, CHAIN_STAGES, files={"files -> bronze (events)": w.chain_files()})
-        plain.sum_of(b, END_TO_END, EVENT_PATH)
-        say(f"cold chain: {repeats} run(s) of ingest file, then run all --once --drain, each a fresh process")
-        cold_chain(b, w)
-        ingest_stages(b, w)
         say("metric panes: tumbling vs sliding")
         metric_panes_stage(b, w)
         if size.events > SIZES["S"].events:  # minutes per rate: not at S or below
