@@ -65,6 +65,11 @@ LOCAL_DEFAULTS = {
 
 #: Confs of the classic Python client that a Connect session refuses (it has no Arrow fallback).
 CLASSIC_ONLY = {"spark.sql.execution.arrow.pyspark.fallback.enabled"}
+#: Where a Connect server this process starts listens: a free port on loopback, unless the
+#: settings say otherwise. Its only client is this process; Spark's default (0.0.0.0:15002, one
+#: per host) made a second process on a local remote fail to bind ("Failed to bind ... 15002").
+CONNECT_SERVER = {"spark.connect.grpc.binding.address": "127.0.0.1", "spark.connect.grpc.binding.port": "0"}
+CONNECT_SERVICE = "org.apache.spark.sql.connect.service.SparkConnectService$"
 
 JAVA_HELP = (
     "Java 17 is required by Spark but was not found: install a JDK/JRE 17 "
@@ -201,16 +206,24 @@ def build_connect(settings: Settings, confs: dict[str, str]) -> SparkSession:
         os.environ["PYSPARK_PYTHON"] = sys.executable
 
     def start(confs: dict[str, str]) -> SparkSession:
-        # Spark's API mode "connect" starts the server in this process on any master (remote()
-        # takes only local[N]); the client session then talks to it.
-        builder = SparkSession.builder.master(remote).config("spark.api.mode", "connect")
-        for key, value in confs.items():
-            builder = builder.config(key, value)
+        # As Spark's API mode "connect" does on any master (remote() takes only local[N]): a
+        # classic session in this process starts the server, and the client session talks to it,
+        # here at the port the server bound (pyspark's own client assumes 15002).
+        from pyspark.sql.connect.session import SparkSession as RemoteSession
+
+        opts: dict[str, Any] = {**CONNECT_SERVER, **confs, "spark.app.name": settings.spark.app_name}
+        os.environ["SPARK_LOCAL_REMOTE"] = "1"
+        RemoteSession._start_connect_server(remote, opts)  # leaves the runtime confs in opts
+        jvm = SparkContext._jvm
+        assert jvm is not None, "the Connect server's session started no JVM"
+        port = int(getattr(getattr(jvm, CONNECT_SERVICE), "MODULE$").localPort())
+        os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
         with warnings.catch_warnings():
             # The local server starts with every conf; the client then sets them again on its
             # session, and Spark refuses the static ones it already has ("Failed to set ...").
             warnings.filterwarnings("ignore", message="Failed to set spark")
-            return builder.appName(settings.spark.app_name).getOrCreate()
+            client = RemoteSession.builder.remote(f"sc://localhost:{port}").config(map=opts).getOrCreate()
+        return client  # type: ignore[return-value]
 
     return _start_jvm(settings, confs, start)
 

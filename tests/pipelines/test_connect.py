@@ -21,6 +21,11 @@ and its store's calls over Connect are the contract's.
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -40,3 +45,48 @@ def test_the_job_suite_and_storage_contract_pass_over_spark_connect_with_tables_
     only = "-k", "test_storage_contract or delta-spark"  # the contract on both engines, the jobs by name
     counts = run_child_suite(env, SUITES, tmp_path / "connect.xml", *only)
     assert counts["tests"] >= 30, counts
+
+
+#: In a process of its own: a Connect session on a local master, then where its server listens.
+LOCAL_SERVER = """
+import json, sys
+from pyspark import SparkContext
+from pipelines.config.settings import load_settings
+from pipelines.config.spark import CONNECT_SERVICE, build_spark
+spark = build_spark(load_settings(lake_root=sys.argv[1], delta_engine="delta-rs", spark={"remote": "local[1]"}))
+port = getattr(getattr(SparkContext._jvm, CONNECT_SERVICE), "MODULE$").localPort()
+listening = set()
+for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for line in open(table).read().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, at = local.rsplit(":", 1)
+        if state == "0A" and int(at, 16) == port:  # LISTEN
+            listening.add(address)
+print(json.dumps({"rows": spark.range(3).count(), "port": port, "listening": sorted(listening)}))
+"""
+
+
+@pytest.mark.slow(seconds=40)  # a process with a JVM and its Connect server
+@pytest.mark.integration
+def test_a_local_connect_server_listens_on_a_free_loopback_port(tmp_path: Path) -> None:
+    """Starts one ``medallion`` Spark session on a local Connect remote while Spark's default port
+    (15002) is held, as by a second such process: the server takes a free port on loopback only."""
+    with socket.socket() as held:
+        try:
+            held.bind(("127.0.0.1", 15002))
+            held.listen()
+        except OSError:
+            pass  # another process holds it: the same case
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("MEDALLION_", "PYSPARK_GATEWAY"))}
+        done = subprocess.run(
+            [sys.executable, "-c", LOCAL_SERVER, str(tmp_path / "lake")],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=300,  # a hang guard
+        )
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["rows"] == 3 and found["port"] != 15002
+    assert found["listening"] in (["0100007F"], ["0000000000000000FFFF00000100007F"]), found  # 127.0.0.1
