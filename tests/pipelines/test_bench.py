@@ -61,6 +61,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any
         cwd=cwd,
         timeout=1800,  # a hang guard, not a timing: the bench with its peers on 2 shared cores
     )
+    (cwd / "bench.log").write_text(done.stderr)  # its steps, with the seconds since it started
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     # Spark's event log of the run (~0.35 GB at XS): the bench has read it.
     shutil.rmtree(out / "spark-events", ignore_errors=True)
