@@ -190,6 +190,13 @@ def _start_jvm(
         return spark
 
 
+def connect_server_port() -> int:
+    """The port the Connect server this process started is bound to (it binds a free one)."""
+    jvm = SparkContext._jvm
+    assert jvm is not None, "the Connect server's session started no JVM"
+    return int(getattr(getattr(jvm, CONNECT_SERVICE), "MODULE$").localPort())
+
+
 def build_connect(settings: Settings, confs: dict[str, str]) -> SparkSession:
     """A Spark Connect session: ``sc://host:port`` reaches a running Connect server (serverless
     and standard-access compute work this way); a master (``local[N]``, ``spark://host:port``)
@@ -214,9 +221,7 @@ def build_connect(settings: Settings, confs: dict[str, str]) -> SparkSession:
         opts: dict[str, Any] = {**CONNECT_SERVER, **confs, "spark.app.name": settings.spark.app_name}
         os.environ["SPARK_LOCAL_REMOTE"] = "1"
         RemoteSession._start_connect_server(remote, opts)  # leaves the runtime confs in opts
-        jvm = SparkContext._jvm
-        assert jvm is not None, "the Connect server's session started no JVM"
-        port = int(getattr(getattr(jvm, CONNECT_SERVICE), "MODULE$").localPort())
+        port = connect_server_port()
         os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
         with warnings.catch_warnings():
             # The local server starts with every conf; the client then sets them again on its

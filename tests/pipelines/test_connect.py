@@ -50,11 +50,10 @@ def test_the_job_suite_and_storage_contract_pass_over_spark_connect_with_tables_
 #: In a process of its own: a Connect session on a local master, then where its server listens.
 LOCAL_SERVER = """
 import json, sys
-from pyspark import SparkContext
 from pipelines.config.settings import load_settings
-from pipelines.config.spark import CONNECT_SERVICE, build_spark
+from pipelines.config.spark import build_spark, connect_server_port
 spark = build_spark(load_settings(lake_root=sys.argv[1], delta_engine="delta-rs", spark={"remote": "local[1]"}))
-port = getattr(getattr(SparkContext._jvm, CONNECT_SERVICE), "MODULE$").localPort()
+port = connect_server_port()
 listening = set()
 for table in ("/proc/net/tcp", "/proc/net/tcp6"):
     for line in open(table).read().splitlines()[1:]:
