@@ -101,6 +101,9 @@ class DeltaSparkStore(TableStore):
         #: lake_root); external: the files are at <lake_root>/<layer>/<name>, named in the catalog.
         self.managed = managed
         self._registered: set[str] = set()
+        #: Locations known to hold a table: one that had a version keeps it (a table is not dropped
+        #: under a running pipeline), so ensure() and exists() ask the log or the catalog once.
+        self._existing: set[str] = set()
         # Tables by name are read through the catalog only: Unity Catalog's managed tables keep
         # their commits where a listing of _delta_log can miss them (catalog-managed commits).
         self._delta_log = jvm_delta_log(spark) if catalog is None else None
@@ -183,7 +186,9 @@ class DeltaSparkStore(TableStore):
 
     # -- lifecycle --------------------------------------------------------------------------
     def exists(self, spec: TableSpec) -> bool:
-        return self.version(spec) is not None
+        # By name each version() is a DESCRIBE HISTORY query (0.3 s, a Spark job): every flow run
+        # ensures its tables, so asking once per table saves several a pass.
+        return self.location(spec) in self._existing or self.version(spec) is not None
 
     def ensure(self, spec: TableSpec) -> bool:
         if self.exists(spec):
@@ -357,7 +362,10 @@ class DeltaSparkStore(TableStore):
 
     def version(self, spec: TableSpec) -> int | None:
         # ident() first: a table by name is registered in the catalog on first use.
-        return self._newest_version(spec, self.ident(spec))
+        version = self._newest_version(spec, self.ident(spec))
+        if version is not None:
+            self._existing.add(self.location(spec))
+        return version
 
     def history(self, spec: TableSpec, limit: int | None = None) -> list[dict[str, Any]]:
         # Commit metadata, newest first: one row per commit, not row data.
