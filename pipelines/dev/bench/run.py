@@ -85,6 +85,7 @@ def chain(
         with timed(f, units):
             fn()
         stages[stage] = f.seconds[-1]
+        b.say(f"  {w.size.name} {stage}{'' if gates else ', gates off'}: {f.seconds[-1]:.1f} s")
         if rss_into is not None:
             rss_into[stage] = dict(f.peak_rss_mb)
 
