@@ -198,7 +198,7 @@ class PropertyValuesExport:
             changes = cache(self.tables.read_changes(GOLD_PROPERTY_VALUES, prev.gold_version + 1, version))
             newest, windows = change_bounds(changes, g.window, prev)
             late = changes.transform(changed_keys(g.window, prev.closed_through))
-            exported = self.tables.read(GOLD_EXPORTED).where(F.col(WINDOW_START).isin(windows))
+            exported = self.tables.read_windows(GOLD_EXPORTED, WINDOW_START, None, windows)
         if newest is None:
             return "gold is empty"
         bounds = export_bounds(newest, g.window, g.grace, self.run.options.drain, prev)
@@ -207,7 +207,10 @@ class PropertyValuesExport:
                 export_batch(exported, g.window, bounds.closed_before, g.min_export_count, g.top_values_per_key)
             )
         else:
-            cut = self.tables.read(GOLD_PROPERTY_VALUES).transform(
+            # Gold's windows that may close since the last batch and its late windows, from their
+            # files alone (gold is laid out by window); the cut keeps the rows it wants of them.
+            since = prev.closed_through - g.window
+            cut = self.tables.read_windows(GOLD_PROPERTY_VALUES, WINDOW_START, since, windows).transform(
                 incremental_batch(
                     late,
                     windows,

@@ -343,6 +343,11 @@ class DeclaredTables:
     def read_since(self, spec: TableSpec, column: str, since: datetime) -> DataFrame:
         return self._store.read_since(self._mine(spec), column, since)
 
+    def read_windows(
+        self, spec: TableSpec, column: str, after: datetime | None, values: Sequence[datetime] = ()
+    ) -> DataFrame:
+        return self._store.read_windows(self._mine(spec), column, after, values)
+
     def read_changes(self, spec: TableSpec, start: int, end: int | None = None) -> DataFrame:
         return self._store.read_changes(self._mine(spec), start, end)
 

@@ -183,6 +183,12 @@ class TableStats:
     bytes: int = 0
 
 
+def windows_condition(column: str, after: datetime | None, values: Sequence[datetime]) -> Column:
+    """``column`` later than ``after`` (None: never) or one of ``values`` (:meth:`TableStore.read_windows`)."""
+    cond = F.col(column).isin(list(values)) if values else F.lit(False)
+    return cond if after is None else cond | (F.col(column) > F.lit(after))
+
+
 def layout_bytes(spec: TableSpec, stats: TableStats) -> int | None:
     """The size compaction cuts a clustered table's files at: ``file_rows`` rows at the bytes a row
     takes in its files now; None where the table sets no file size (or holds no rows)."""
@@ -285,6 +291,14 @@ class TableStore(ABC):
         statistics say they may hold such rows (Delta's data skipping on delta-spark). The frame
         stays at the version read: computed again after a later commit, it gives the same rows."""
         return self.read(spec).where(F.col(column) >= F.lit(since))
+
+    def read_windows(
+        self, spec: TableSpec, column: str, after: datetime | None, values: Sequence[datetime] = ()
+    ) -> DataFrame:
+        """The current rows whose ``column`` is later than ``after`` (None: none is) or one of
+        ``values``, read from only the files whose statistics say they may hold such rows (Delta's
+        data skipping on delta-spark): a read of a few windows of a table laid out by window."""
+        return self.read(spec).where(windows_condition(column, after, values))
 
     @abstractmethod
     def read_changes(self, spec: TableSpec, start_version: int, end_version: int | None = None) -> DataFrame:

@@ -14,6 +14,7 @@ commit as the rows.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -44,6 +45,7 @@ from pipelines.storage.base import (
     TxnSnapshot,
     layout_bytes,
     predicate_sql,
+    windows_condition,
 )
 from pipelines.storage.parquet_files import DataFile, scan, with_file_columns
 
@@ -312,18 +314,42 @@ class DeltaRsStore(TableStore):
         return df.where(where) if where else df
 
     def read_since(self, spec: TableSpec, column: str, since: datetime) -> DataFrame:
+        def may_hold(low: pa.ChunkedArray, high: pa.ChunkedArray) -> pa.ChunkedArray:
+            return pc.greater_equal(high, pa.scalar(since, high.type))
+
+        return self._pruned(spec, column, may_hold).where(F.col(column) >= F.lit(since))
+
+    def read_windows(
+        self, spec: TableSpec, column: str, after: datetime | None, values: Sequence[datetime] = ()
+    ) -> DataFrame:
+        def may_hold(low: pa.ChunkedArray, high: pa.ChunkedArray) -> pa.ChunkedArray:
+            # A timestamp's statistics keep milliseconds: the greatest value is below the statistic plus 1 ms.
+            high = pc.add(high, pa.scalar(timedelta(milliseconds=1), pa.duration(high.type.unit)))
+            holds = [pc.greater(high, pa.scalar(after, high.type))] if after is not None else []
+            for v in values:
+                value = pa.scalar(v, high.type)
+                holds.append(pc.and_(pc.less_equal(low, value), pc.greater_equal(high, value)))
+            return functools.reduce(pc.or_, holds) if holds else pc.and_(pc.is_valid(low), pc.is_null(low))
+
+        return self._pruned(spec, column, may_hold).where(windows_condition(column, after, values))
+
+    def _pruned(
+        self, spec: TableSpec, column: str, may_hold: Callable[[pa.ChunkedArray, pa.ChunkedArray], pa.ChunkedArray]
+    ) -> DataFrame:
+        """The table's current files whose ``column`` statistics (least, greatest) ``may_hold``
+        says may hold the rows asked for, scanned (no file opened to choose them: the log's add
+        actions). A file without both statistics may hold anything, and is kept."""
         dt = self._readable(spec, self._table(spec))
         files = pa.table(dt.get_add_actions(flatten=True))
-        newest = f"max.{column}"
-        if newest in files.column_names:  # files without the statistic may hold anything
-            stat = files[newest]
-            keep = pc.or_kleene(pc.is_null(stat), pc.greater_equal(stat, pa.scalar(since, stat.type)))
-            files = files.filter(keep)
+        low, high = f"min.{column}", f"max.{column}"
+        if low in files.column_names and high in files.column_names:
+            known = pc.and_(pc.is_valid(files[low]), pc.is_valid(files[high]))
+            files = files.filter(pc.or_kleene(pc.invert(known), may_hold(files[low], files[high])))
         # Data files have unique names (a uuid each): the kept ones are picked out of the URIs
         # delta-rs resolves by name, whatever the encoding of their partition folders.
         kept = {p.rsplit("/", 1)[-1] for p in files["path"].to_pylist()}
         uris = [u for u in dt.file_uris() if u.rsplit("/", 1)[-1] in kept]
-        return scan(self.spark, spec.schema, self.path(spec), uris).where(F.col(column) >= F.lit(since))
+        return scan(self.spark, spec.schema, self.path(spec), uris)
 
     def read_changes(self, spec: TableSpec, start_version: int, end_version: int | None = None) -> DataFrame:
         """The change feed as Delta defines it: a commit with change-data files is read from them;

@@ -25,6 +25,7 @@ from pipelines.runtime.runner import Context
 from pipelines.runtime.tables import SILVER_EVENTS, SILVER_PAGE_CHANGE_STATE, SILVER_PAGE_CHANGES
 from pipelines.storage import TableSpec, TableStore, open_store
 from tests.infra.common import unique_name
+from tests.infra.plans import files_scanned
 from tests.pipelines.test_export import clickhouse_state, event, gold_state, write
 from tests.pipelines.test_kafka_ingest import settings_env
 
@@ -150,24 +151,6 @@ def test_a_crash_between_the_dedup_read_and_the_commit_leaves_silver_as_one_clea
     rerun = passes.silver_events(ctx)
     assert (rerun.rows_out, rerun.metrics["duplicates_dropped"]) == (10, 12)
     assert silver_uuids(ctx.store) == sorted(e["uuid"] for e in STREAM)
-
-
-def files_scanned(df: Any) -> int:
-    """How many files Spark read to compute ``df`` (its scans' ``numFiles``), after computing it."""
-    df.collect()  # a test's few rows; runs df's own plan, whose scans then hold their metrics
-    plan, found, todo = df._jdf.queryExecution().executedPlan(), 0, []
-    todo.append(plan)
-    while todo:
-        node = todo.pop()
-        if node.nodeName() == "AdaptiveSparkPlan":
-            todo.append(node.finalPhysicalPlan())
-            continue
-        metrics = node.metrics()
-        if node.nodeName().startswith("Scan") and metrics.contains("numFiles"):
-            found += int(metrics.apply("numFiles").value())
-        children = node.children()
-        todo.extend(children.apply(i) for i in range(children.size()))
-    return found
 
 
 def test_silver_is_read_only_in_the_files_the_horizon_covers(spark: SparkSession, engine: str, tmp_path: Path) -> None:
