@@ -72,6 +72,12 @@ def _commit_properties(txns: Sequence[AppTxn], operation: str | None = None) -> 
     )
 
 
+def _scalar(value: datetime, type_: pa.DataType) -> pa.Scalar:
+    """A datetime as a statistic's type. A naive one is local time, as pyspark hands out
+    timestamps it collects (and reads them back in ``F.lit``)."""
+    return pa.scalar(value.astimezone(UTC) if pa.types.is_timestamp(type_) else value, type_)
+
+
 class DeltaRsStore(TableStore):
     engine = "delta-rs"
     checks_before_commit = True
@@ -315,7 +321,7 @@ class DeltaRsStore(TableStore):
 
     def read_since(self, spec: TableSpec, column: str, since: datetime) -> DataFrame:
         def may_hold(low: pa.ChunkedArray, high: pa.ChunkedArray) -> pa.ChunkedArray:
-            return pc.greater_equal(high, pa.scalar(since, high.type))
+            return pc.greater_equal(high, _scalar(since, high.type))
 
         return self._pruned(spec, column, may_hold).where(F.col(column) >= F.lit(since))
 
@@ -323,11 +329,9 @@ class DeltaRsStore(TableStore):
         self, spec: TableSpec, column: str, after: datetime | None, values: Sequence[datetime] = ()
     ) -> DataFrame:
         def may_hold(low: pa.ChunkedArray, high: pa.ChunkedArray) -> pa.ChunkedArray:
-            # A timestamp's statistics keep milliseconds: the greatest value is below the statistic plus 1 ms.
-            high = pc.add(high, pa.scalar(timedelta(milliseconds=1), pa.duration(high.type.unit)))
-            holds = [pc.greater(high, pa.scalar(after, high.type))] if after is not None else []
+            holds = [pc.greater(high, _scalar(after, high.type))] if after is not None else []
             for v in values:
-                value = pa.scalar(v, high.type)
+                value = _scalar(v, high.type)
                 holds.append(pc.and_(pc.less_equal(low, value), pc.greater_equal(high, value)))
             return functools.reduce(pc.or_, holds) if holds else pc.and_(pc.is_valid(low), pc.is_null(low))
 
@@ -343,8 +347,11 @@ class DeltaRsStore(TableStore):
         files = pa.table(dt.get_add_actions(flatten=True))
         low, high = f"min.{column}", f"max.{column}"
         if low in files.column_names and high in files.column_names:
-            known = pc.and_(pc.is_valid(files[low]), pc.is_valid(files[high]))
-            files = files.filter(pc.or_kleene(pc.invert(known), may_hold(files[low], files[high])))
+            least, greatest = files[low], files[high]
+            if pa.types.is_timestamp(greatest.type):  # kept to the millisecond: the greatest is below it plus 1 ms
+                greatest = pc.add(greatest, pa.scalar(timedelta(milliseconds=1), pa.duration(greatest.type.unit)))
+            known = pc.and_(pc.is_valid(least), pc.is_valid(greatest))
+            files = files.filter(pc.or_kleene(pc.invert(known), may_hold(least, greatest)))
         # Data files have unique names (a uuid each): the kept ones are picked out of the URIs
         # delta-rs resolves by name, whatever the encoding of their partition folders.
         kept = {p.rsplit("/", 1)[-1] for p in files["path"].to_pylist()}

@@ -457,3 +457,30 @@ def test_read_windows_reads_the_rows_of_those_windows_from_their_files_alone(
 
         again = store.read_windows(SPEC, "ts", T0 + timedelta(hours=4), [T0 + timedelta(hours=1)])
         assert files_scanned(again) == 3  # 01:00, 04:00 and 05:00
+
+
+def test_read_windows_takes_naive_times_as_local_time_as_pyspark_hands_them_out(
+    store: TableStore, spark: SparkSession
+) -> None:
+    """A window start collected from Spark is a naive local time: in New York, 01:00 UTC is
+    20:00 the evening before, and that is the window read."""
+    import os
+    import time
+
+    store.ensure(SPEC)
+    for h in range(3):
+        store.append(SPEC, rows(spark, [(f"k{h}", 1, h, T0 + timedelta(hours=h))]).coalesce(1))
+    before = os.environ.get("TZ")
+    os.environ["TZ"] = "America/New_York"
+    time.tzset()
+    try:
+        naive = (T0 + timedelta(hours=1)).astimezone().replace(tzinfo=None)
+        assert naive == datetime(2023, 12, 31, 20, 0)
+        got = store.read_windows(SPEC, "ts", None, [naive])
+        assert [r["k"] for r in got.collect()] == ["k1"]
+    finally:
+        if before is None:
+            del os.environ["TZ"]
+        else:
+            os.environ["TZ"] = before
+        time.tzset()
