@@ -1,12 +1,11 @@
 """The flow model: what a flow is, and everything its code sees. A leaf of the runtime.
 
-A flow (:class:`Flow`) is data: its name, its stage, the tables it reads and writes, how it
-writes, and its code. Its code sees only the types here: a :class:`Batch` (or a
-:class:`StateBatch`, or an :class:`ExportRun` for an export), its typed config, and a
-:class:`FlowRecord` for its figures. The runners (:mod:`pipelines.runtime.incremental`,
-:mod:`pipelines.runtime.exports`) and the dispatch (:mod:`pipelines.runtime.passes`) import
-this module; it imports none of them, nor the registry (:mod:`pipelines.flows`), so flow code
-and the registry can import it without a cycle.
+A flow (:class:`Flow`) is data: its name, its stage, the tables it reads and writes, how it writes,
+and its code. Its code sees only the types here: a :class:`Batch` (or a :class:`StateBatch`, or an
+:class:`ExportRun` for an export), its typed config, and a :class:`FlowRecord` for its figures. The
+runners (:mod:`pipelines.runtime.incremental`, :mod:`pipelines.runtime.exports`) and the dispatch
+(:mod:`pipelines.runtime.passes`) import this module; it imports none of them, nor the registry
+(:mod:`pipelines.flows`), so flow code and the registry can import it without a cycle.
 """
 
 from __future__ import annotations
@@ -343,9 +342,7 @@ class DeclaredTables:
     def read_since(self, spec: TableSpec, column: str, since: datetime) -> DataFrame:
         return self._store.read_since(self._mine(spec), column, since)
 
-    def read_windows(
-        self, spec: TableSpec, column: str, after: datetime | None, values: Sequence[datetime] = ()
-    ) -> DataFrame:
+    def read_windows(self, spec: TableSpec, column: str, after: datetime | None, values: list[datetime]) -> DataFrame:
         return self._store.read_windows(self._mine(spec), column, after, values)
 
     def read_changes(self, spec: TableSpec, start: int, end: int | None = None) -> DataFrame:
@@ -358,8 +355,7 @@ class DeclaredTables:
         return self._store.version(self._mine(spec))
 
     def pending(self, source: TableSpec, target: TableSpec, app: str) -> Increment | None:
-        """The source versions not yet recorded by ``app`` on ``target``
-        (:func:`pipelines.runtime.progress.pending`)."""
+        """The source versions ``app`` has not recorded on ``target`` (:func:`~pipelines.runtime.progress.pending`)."""
         return pending(self._store, self._mine(source), self._mine(target), app)
 
     def txn_version(self, spec: TableSpec, app: str) -> int | None:
@@ -381,8 +377,7 @@ class DeclaredTables:
         return self._store.merge(self._mine(spec), source, on=on, update=update, txns=txns)
 
     def stream(self, df: DataFrame) -> AbstractContextManager[pa.RecordBatchReader]:
-        """``df``'s rows as Arrow batches in the driver, one at a time (for the sink)."""
-        return self._store.stream(df)
+        return self._store.stream(df)  # its rows as Arrow batches in the driver, one at a time (for the sink)
 
     def streams_commit_files(self, spec: TableSpec) -> bool:
         return self._store.streams_commit_files(self._mine(spec))

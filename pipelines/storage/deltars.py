@@ -14,7 +14,6 @@ commit as the rows.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -47,6 +46,7 @@ from pipelines.storage.base import (
     predicate_sql,
     windows_condition,
 )
+from pipelines.storage.file_stats import MayHold, from_time, in_windows, kept_files
 from pipelines.storage.parquet_files import DataFile, scan, with_file_columns
 
 #: A MERGE source of at most this many rows is handed to delta-rs whole (a few MB in the driver),
@@ -70,12 +70,6 @@ def _commit_properties(txns: Sequence[AppTxn], operation: str | None = None) -> 
         max_commit_retries=MAX_COMMIT_RETRIES,
         custom_metadata={"medallion.operation": operation} if operation else None,
     )
-
-
-def _scalar(value: datetime, type_: pa.DataType) -> pa.Scalar:
-    """A datetime as a statistic's type. A naive one is local time, as pyspark hands out
-    timestamps it collects (and reads them back in ``F.lit``)."""
-    return pa.scalar(value.astimezone(UTC) if pa.types.is_timestamp(type_) else value, type_)
 
 
 class DeltaRsStore(TableStore):
@@ -320,42 +314,21 @@ class DeltaRsStore(TableStore):
         return df.where(where) if where else df
 
     def read_since(self, spec: TableSpec, column: str, since: datetime) -> DataFrame:
-        def may_hold(low: pa.ChunkedArray, high: pa.ChunkedArray) -> pa.ChunkedArray:
-            return pc.greater_equal(high, _scalar(since, high.type))
-
-        return self._pruned(spec, column, may_hold).where(F.col(column) >= F.lit(since))
+        return self._pruned(spec, column, from_time(since)).where(F.col(column) >= F.lit(since))
 
     def read_windows(
         self, spec: TableSpec, column: str, after: datetime | None, values: Sequence[datetime] = ()
     ) -> DataFrame:
-        def may_hold(low: pa.ChunkedArray, high: pa.ChunkedArray) -> pa.ChunkedArray:
-            holds = [pc.greater(high, _scalar(after, high.type))] if after is not None else []
-            for v in values:
-                value = _scalar(v, high.type)
-                holds.append(pc.and_(pc.less_equal(low, value), pc.greater_equal(high, value)))
-            return functools.reduce(pc.or_, holds) if holds else pc.and_(pc.is_valid(low), pc.is_null(low))
+        return self._pruned(spec, column, in_windows(after, values)).where(windows_condition(column, after, values))
 
-        return self._pruned(spec, column, may_hold).where(windows_condition(column, after, values))
-
-    def _pruned(
-        self, spec: TableSpec, column: str, may_hold: Callable[[pa.ChunkedArray, pa.ChunkedArray], pa.ChunkedArray]
-    ) -> DataFrame:
-        """The table's current files whose ``column`` statistics (least, greatest) ``may_hold``
-        says may hold the rows asked for, scanned (no file opened to choose them: the log's add
-        actions). A file without both statistics may hold anything, and is kept."""
+    def _pruned(self, spec: TableSpec, column: str, may_hold: MayHold) -> DataFrame:
+        """The current files that may hold the rows asked for (:func:`kept_files`), scanned."""
         dt = self._readable(spec, self._table(spec))
-        files = pa.table(dt.get_add_actions(flatten=True))
-        low, high = f"min.{column}", f"max.{column}"
-        if low in files.column_names and high in files.column_names:
-            least, greatest = files[low], files[high]
-            if pa.types.is_timestamp(greatest.type):  # kept to the millisecond: the greatest is below it plus 1 ms
-                greatest = pc.add(greatest, pa.scalar(timedelta(milliseconds=1), pa.duration(greatest.type.unit)))
-            known = pc.and_(pc.is_valid(least), pc.is_valid(greatest))
-            files = files.filter(pc.or_kleene(pc.invert(known), may_hold(least, greatest)))
+        kept = kept_files(pa.table(dt.get_add_actions(flatten=True)), column, may_hold)
         # Data files have unique names (a uuid each): the kept ones are picked out of the URIs
         # delta-rs resolves by name, whatever the encoding of their partition folders.
-        kept = {p.rsplit("/", 1)[-1] for p in files["path"].to_pylist()}
-        uris = [u for u in dt.file_uris() if u.rsplit("/", 1)[-1] in kept]
+        names = {p.rsplit("/", 1)[-1] for p in kept}
+        uris = [u for u in dt.file_uris() if u.rsplit("/", 1)[-1] in names]
         return scan(self.spark, spec.schema, self.path(spec), uris)
 
     def read_changes(self, spec: TableSpec, start_version: int, end_version: int | None = None) -> DataFrame:

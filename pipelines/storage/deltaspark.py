@@ -101,9 +101,7 @@ class DeltaSparkStore(TableStore):
         #: lake_root); external: the files are at <lake_root>/<layer>/<name>, named in the catalog.
         self.managed = managed
         self._registered: set[str] = set()
-        #: Locations known to hold a table: one that had a version keeps it (a table is not dropped
-        #: under a running pipeline), so ensure() and exists() ask the log or the catalog once.
-        self._existing: set[str] = set()
+        self._existing: set[str] = set()  # locations that had a version: a table is not dropped under a run
         # Tables by name are read through the catalog only: Unity Catalog's managed tables keep
         # their commits where a listing of _delta_log can miss them (catalog-managed commits).
         self._delta_log = jvm_delta_log(spark) if catalog is None else None
@@ -186,9 +184,10 @@ class DeltaSparkStore(TableStore):
 
     # -- lifecycle --------------------------------------------------------------------------
     def exists(self, spec: TableSpec) -> bool:
-        # By name each version() is a DESCRIBE HISTORY query (0.3 s, a Spark job): every flow run
-        # ensures its tables, so asking once per table saves several a pass.
-        return self.location(spec) in self._existing or self.version(spec) is not None
+        # Asked once per table: by name a version() is a DESCRIBE HISTORY query, and every flow run ensures its tables.
+        if self.location(spec) not in self._existing and self.version(spec) is not None:
+            self._existing.add(self.location(spec))
+        return self.location(spec) in self._existing
 
     def ensure(self, spec: TableSpec) -> bool:
         if self.exists(spec):
@@ -326,10 +325,6 @@ class DeltaSparkStore(TableStore):
         reader = reader.option("endingVersion", end)
         return reader.load(self.path(spec)) if self.name(spec) is None else reader.table(self.ident(spec))
 
-    def _last_commit(self, spec: TableSpec) -> Any:
-        """The latest commit's history row (Delta reads only the newest commit file), or None."""
-        return self._last_commit_of(self.ident(spec))
-
     def _last_commit_of(self, ident: str) -> Any:
         try:
             return self._history(ident, 1).first()
@@ -362,10 +357,7 @@ class DeltaSparkStore(TableStore):
 
     def version(self, spec: TableSpec) -> int | None:
         # ident() first: a table by name is registered in the catalog on first use.
-        version = self._newest_version(spec, self.ident(spec))
-        if version is not None:
-            self._existing.add(self.location(spec))
-        return version
+        return self._newest_version(spec, self.ident(spec))
 
     def history(self, spec: TableSpec, limit: int | None = None) -> list[dict[str, Any]]:
         # Commit metadata, newest first: one row per commit, not row data.
@@ -428,7 +420,7 @@ class DeltaSparkStore(TableStore):
         raise StorageError(f"no commit of {spec.key} {window} records {txn.app_id} at {txn.version}")
 
     def stats(self, spec: TableSpec) -> TableStats:
-        last = self._last_commit(spec)
+        last = self._last_commit_of(self.ident(spec))  # Delta reads only the newest commit file
         if last is None:
             return TableStats(spec.key, None, 0, 0, None, None)
         ts = last["timestamp"].replace(tzinfo=UTC) if last["timestamp"] else None
