@@ -126,6 +126,9 @@ class TableSpec:
     #: MERGE rewrites a file of that range, not a partition whole. ``maintain`` keeps the layout.
     cluster_by: tuple[str, ...] = ()
     file_rows: int = 0
+    #: Columns each Parquet row group carries a Bloom filter of (:mod:`pipelines.storage.bloom`),
+    #: so that a read for a few of their values skips the row groups that hold none.
+    bloom_filter: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:

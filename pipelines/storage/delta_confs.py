@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from pipelines.errors import StorageError
 from pipelines.storage.base import AppTxn, TableSpec
+from pipelines.storage.bloom import bloom_filter_confs
 from pipelines.storage.spark_sql import quote
 
 TXN_APP_CONF = "spark.databricks.delta.write.txnAppId"
@@ -27,6 +28,7 @@ def layout_confs(spec: TableSpec) -> dict[str, str]:
     Its MERGEs cut the files they write at ``file_rows`` too (Spark's writer takes the session's
     conf where no write option says it)."""
     confs = {AUTO_COMPACT_CONF: "false"} if spec.cluster_by else {}
+    confs.update(bloom_filter_confs(spec.bloom_filter))  # Delta's writer hands the session's confs to Parquet's
     if spec.cluster_by and spec.file_rows:
         confs[MAX_RECORDS_PER_FILE_CONF] = str(spec.file_rows)
     return confs
@@ -35,7 +37,7 @@ def layout_confs(spec: TableSpec) -> dict[str, str]:
 def optimize_sql(ident: str, spec: TableSpec, file_bytes: int | None) -> tuple[str, dict[str, str]]:
     """The OPTIMIZE of table ``ident`` and the confs it runs with: a clustered table's is a ZORDER
     BY its columns, cutting files at ``file_bytes`` (:func:`pipelines.storage.base.layout_bytes`)."""
-    sql, confs = f"OPTIMIZE {ident}", {}
+    sql, confs = f"OPTIMIZE {ident}", bloom_filter_confs(spec.bloom_filter)
     if spec.cluster_by:
         sql += " ZORDER BY (" + ", ".join(quote(c) for c in spec.cluster_by) + ")"
         if file_bytes is not None:

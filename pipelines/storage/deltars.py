@@ -46,6 +46,7 @@ from pipelines.storage.base import (
     predicate_sql,
     windows_condition,
 )
+from pipelines.storage.bloom import bloom_writer_properties
 from pipelines.storage.file_stats import MayHold, from_time, in_windows, kept_files
 from pipelines.storage.parquet_files import DataFile, scan, with_file_columns
 
@@ -57,10 +58,7 @@ SMALL_MERGE_SOURCE_ROWS = 100_000
 MAX_COMMIT_RETRIES = 15
 #: Reader features whose files a plain Parquet read would get wrong.
 UNSUPPORTED_READER_FEATURES = ("deletionVectors", "columnMapping")
-CHANGE_FIELDS = [
-    StructField(COMMIT_VERSION, LongType()),
-    StructField(COMMIT_TIMESTAMP, TimestampType()),
-]
+CHANGE_FIELDS = [StructField(COMMIT_VERSION, LongType()), StructField(COMMIT_TIMESTAMP, TimestampType())]
 
 
 def _commit_properties(txns: Sequence[AppTxn], operation: str | None = None) -> CommitProperties:
@@ -161,7 +159,7 @@ class DeltaRsStore(TableStore):
                 before_commit()
             return self._write_arrow(spec, data, txns, mode, read_version)
         written = self.files.write(
-            data, self.path(spec), spec.schema, spec.partition_by, spec.cluster_by, spec.file_rows
+            data, self.path(spec), spec.schema, spec.partition_by, spec.cluster_by, spec.file_rows, spec.bloom_filter
         )
         if before_commit is not None:
             try:
@@ -440,10 +438,11 @@ class DeltaRsStore(TableStore):
 
     # -- maintenance -------------------------------------------------------------------------
     def optimize(self, spec: TableSpec) -> dict[str, Any]:
-        dt = self._table(spec)
+        dt, props = self._table(spec), bloom_writer_properties(spec.bloom_filter)  # rewritten files keep their filters
         if not spec.cluster_by:
-            return dict(dt.optimize.compact())
-        return dict(dt.optimize.z_order(list(spec.cluster_by), target_size=layout_bytes(spec, self.stats(spec))))
+            return dict(dt.optimize.compact(writer_properties=props))
+        size = layout_bytes(spec, self.stats(spec))
+        return dict(dt.optimize.z_order(list(spec.cluster_by), target_size=size, writer_properties=props))
 
     def vacuum(self, spec: TableSpec, retention_hours: int = 168) -> list[str]:
         removed = self._table(spec).vacuum(retention_hours=retention_hours, dry_run=False)

@@ -47,6 +47,7 @@ from pyspark.sql.types import (
 )
 
 from pipelines.errors import StorageError
+from pipelines.storage.bloom import bloom_filter_confs
 from pipelines.storage.conform import clustered, conform_df
 
 STAGING = "_staging"
@@ -105,6 +106,7 @@ class TableFiles:
         partition_by: Sequence[str],
         cluster_by: Sequence[str] = (),
         file_rows: int = 0,
+        bloom_filter: Sequence[str] = (),
     ) -> list[DataFile]:
         """Write ``df`` as Parquet files of the table at ``table_uri``; return their add descriptions.
 
@@ -112,7 +114,8 @@ class TableFiles:
         otherwise share Hadoop's ``_temporary`` folder, and the first to finish deletes it), then
         the files move beside the table's others. Nothing is committed here: until the caller
         commits the add actions, the files are invisible to every Delta reader. ``cluster_by`` and
-        ``file_rows``: the table's layout (:func:`clustered`).
+        ``file_rows``: the table's layout (:func:`clustered`); ``bloom_filter``: the columns whose
+        row groups carry a Bloom filter (:mod:`pipelines.storage.bloom`).
         """
         staging = f"{table_uri}/{STAGING}/{uuid.uuid4().hex}"
         out = clustered(conform_df(df, schema), partition_by, cluster_by)
@@ -121,6 +124,7 @@ class TableFiles:
             writer = writer.partitionBy(*partition_by)
         if file_rows:
             writer = writer.option("maxRecordsPerFile", file_rows)
+        writer = writer.options(**bloom_filter_confs(bloom_filter))
         _set_parquet_confs(df.sparkSession)
         try:
             writer.parquet(staging)
