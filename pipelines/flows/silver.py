@@ -82,6 +82,10 @@ def bucket_figures(buckets: Iterable[int]) -> dict[str, Column]:
 BROADCAST_SUSPECTS = 2_000_000
 #: A batch of at most this many rows is broadcast to narrow silver's identities to the batch's.
 BROADCAST_BATCH = 100_000
+#: A batch of at most this many rows reads silver for its own ids alone (``uuid IN (...)``), which
+#: Spark hands to Parquet's Bloom filters up to ``spark.sql.parquet.pushdown.inFilterThreshold``
+#: (10) values; with more, a row group's filter would seldom rule out all of them.
+LOOKUP_IDS = 10
 #: The observed figure of the repeats a batch dropped (:func:`without_repeats`).
 REPEATS = "repeats"
 
@@ -93,7 +97,9 @@ def without_repeats(batch: Batch, horizon: timedelta, record: FlowRecord) -> Cal
     The batch's earliest event time (silver is read from the horizon before it) comes from its
     files' statistics, with no Spark job (a query where they do not say it, and for a run over some
     buckets, whose rows are a part of those files'), and its size from
-    the write's figures (:func:`events_figures`: rows written and repeats dropped). Only the
+    the write's figures (:func:`events_figures`: rows written and repeats dropped). A batch of at
+    most :data:`LOOKUP_IDS` rows reads silver for its own ids alone, skipping the row groups whose
+    Bloom filters rule them all out, however much silver the horizon covers. Only the
     suspects (:func:`silver.dedup.suspects`: identities the batch or silver holds more than once,
     found in one aggregation of identity columns) go through the window that finds the first copy;
     they and their rows are cached, as few as the repeats, by the first pass that reads them (no
@@ -116,6 +122,11 @@ def without_repeats(batch: Batch, horizon: timedelta, record: FlowRecord) -> Cal
         if earliest is not None:
             since = earliest - horizon
             held = batch.read_since(SILVER_EVENTS, "event_time", since).transform(in_buckets(batch.options.buckets))
+            if batch.added is not None and batch.added.rows <= LOOKUP_IDS:
+                # At most LOOKUP_IDS rows: their ids are a list the size of a config, and a filter
+                # by them skips silver's row groups by their Bloom filters (SILVER_EVENTS).
+                uuids = [r[0] for r in rows.where(F.col("uuid").isNotNull()).select("uuid").distinct().collect()]
+                held = held.where(F.col("uuid").isin(uuids))
         # A batch of at most BROADCAST_BATCH rows (its commits' rows bound a run over some buckets
         # too) narrows silver's identities to its own before they are grouped.
         few = batch.added is not None and batch.added.rows <= BROADCAST_BATCH

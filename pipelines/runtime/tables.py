@@ -45,8 +45,14 @@ BRONZE_SAMPLES = TableSpec(
 BRONZE_QUARANTINE = TableSpec(
     "bronze", "quarantine", QUARANTINE_SCHEMA, description="input that could not be landed, with the reason"
 )
+#: A Bloom filter on ``uuid``: deduplication reads silver for the few identities a small batch holds.
 SILVER_EVENTS = TableSpec(
-    "silver", "events", SILVER_EVENTS_SCHEMA, partition_by=("bucket",), description="events with team buckets"
+    "silver",
+    "events",
+    SILVER_EVENTS_SCHEMA,
+    partition_by=("bucket",),
+    description="events with team buckets",
+    bloom_filter=("uuid",),
 )
 SILVER_PAGE_CHANGES = TableSpec(
     "silver",

@@ -99,6 +99,18 @@ def test_repeats_within_a_batch_across_batches_and_across_files_are_counted_once
     assert (gold_state(twice), clickhouse_state(twice)) == sent_once(len(STREAM))
 
 
+def test_a_batch_of_a_few_events_drops_those_silver_holds(spark: SparkSession, engine: str, tmp_path: Path) -> None:
+    """A batch of at most ``LOOKUP_IDS`` rows reads silver for its own ids alone (``uuid IN``, by
+    the files' Bloom filters): of three events, the two silver holds are dropped and counted."""
+    ctx = make_ctx(spark, tmp_path / "few", engine)
+    ingest.ingest_files(ctx, "events", [write(tmp_path / "a.jsonl", STREAM[:20])])
+    passes.silver_events(ctx)
+    ingest.ingest_files(ctx, "events", [write(tmp_path / "b.jsonl", [STREAM[3], STREAM[20], STREAM[17]])])
+    record = passes.silver_events(ctx)
+    assert (record.rows_in, record.rows_out, record.metrics["duplicates_dropped"]) == (3, 1, 2)
+    assert silver_uuids(ctx.store) == sorted(e["uuid"] for e in STREAM[:21])
+
+
 def test_a_repeat_beyond_the_horizon_is_counted_again_and_zero_turns_it_off(
     spark: SparkSession, engine: str, tmp_path: Path
 ) -> None:
