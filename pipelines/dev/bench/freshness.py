@@ -51,6 +51,7 @@ from pipelines.dev.bench.freshness_lags import (
     clickhouse_check,
     summarize,
 )
+from pipelines.dev.bench.freshness_passes import job_runs, pass_costs
 from pipelines.dev.bench.freshness_report import chart, markdown, secs
 
 #: Seconds between the producer's sends: each sends rate x TICK events, stamped with one time.
@@ -217,6 +218,7 @@ def run_rate(
     result = summarize(rate, produced, arrivals, window, grace, every)
     in_clickhouse = clickhouse_counts(env)
     result["clickhouse_matches"] = clickhouse_check(produced, arrivals, in_clickhouse, window)
+    result["interval_s"], result["pass_costs"] = every, pass_costs(job_runs(lake), since=produced.start)
     return result
 
 

@@ -34,7 +34,31 @@ def markdown(result: dict[str, Any]) -> str:
             f"{secs(r['p99_s'])} | {secs(r['max_s'])} | {secs(r['lag_growth_s'])} | {r['missing_events']:,} | "
             f"{'yes' if r['clickhouse_matches'] else 'NO'} | {'yes' if r['held'] else 'no'} |"
         )
+    for r in result["rates"]:
+        lines += passes_markdown(r)
     return "\n".join(lines) + "\n"
+
+
+def passes_markdown(r: dict[str, Any]) -> list[str]:
+    """Where a rate's ``run all`` passes spent their time, per job (none recorded: nothing)."""
+    costs = r.get("pass_costs")
+    if not costs or not costs["passes"]:
+        return []
+    lines = [
+        "",
+        f"### Where a `run all` pass's time went at {r['rate']:,} events/s",
+        "",
+        f"{costs['passes']} passes after the producer started, each {secs(costs['p50_s'])} s (median), "
+        f"{secs(costs['max_s'])} s at most, against a run interval of {secs(r.get('interval_s'))} s. "
+        f"Between jobs (the runner's own work): {costs['between']:.0%} of the passes' time.",
+        "",
+        "| job | runs | rows in | median s | max s | share of pass time |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for j in costs["jobs"]:
+        cells = (j["job"], f"{j['runs']:,}", f"{j['rows_in']:,}", f"{j['p50_s']:.2f}", f"{j['max_s']:.2f}")
+        lines.append("| " + " | ".join(cells) + f" | {j['share']:.0%} |")
+    return lines
 
 
 def chart(result: dict[str, Any], path: Path) -> None:
