@@ -44,3 +44,11 @@ def stop_on(*signals: signal.Signals) -> Iterator[threading.Event]:
         for sig, previous in before.items():
             signal.signal(sig, previous)
         os.close(write)  # the watcher reads the end of the pipe and closes its end
+
+
+def next_wait(started: float, interval: float, now: float) -> float:
+    """Seconds to wait before the next run of a loop that starts one every ``interval`` seconds
+    (``started``, ``now``: monotonic times of this run's start and of its end), as Spark's
+    processing-time trigger does: a run that took longer than the interval is followed at once,
+    so a pass's length is not added to the lag of the events that land while it runs."""
+    return max(0.0, started + interval - now)

@@ -15,7 +15,9 @@ import threading
 import time
 from pathlib import Path
 
-from pipelines.runtime.stopping import stop_on
+import pytest
+
+from pipelines.runtime.stopping import next_wait, stop_on
 
 WAITER = """
 import signal
@@ -59,3 +61,11 @@ def test_the_handlers_before_are_put_back_and_the_event_is_set_once_signalled() 
     while any(t.name == "stop-signal" for t in threading.enumerate()) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not any(t.name == "stop-signal" for t in threading.enumerate()), "the watcher outlived its block"
+
+
+def test_a_run_starts_an_interval_after_the_last_one_started_or_at_once_after_a_longer_run() -> None:
+    """A 30 s interval: a run of 10.7 s waits 19.3 s; one of 35.7 s (or exactly 30) not at all."""
+    assert next_wait(100.0, 30.0, 110.7) == pytest.approx(19.3)
+    assert next_wait(100.0, 30.0, 135.7) == 0.0
+    assert next_wait(100.0, 30.0, 130.0) == 0.0
+    assert next_wait(100.0, 0.0, 100.5) == 0.0

@@ -6,6 +6,7 @@ import contextlib
 import json
 import signal
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import click
 
 from pipelines.app.cli.base import METRICS_HOST, METRICS_PORT, State, cli, console, err_console, serve_metrics
 from pipelines.app.cli.render import print_summary
-from pipelines.runtime.stopping import stop_on
+from pipelines.runtime.stopping import next_wait, stop_on
 
 
 # -- demo ---------------------------------------------------------------------------------------
@@ -82,7 +83,12 @@ class FlowName(click.ParamType):
 @cli.command()
 @click.argument("job", type=FlowName(), metavar="JOB")
 @click.option("--once", is_flag=True, help="Process what is there and stop (else repeat until stopped).")
-@click.option("--interval", default=30.0, show_default=True, help="Seconds between runs without --once.")
+@click.option(
+    "--interval",
+    default=30.0,
+    show_default=True,
+    help="Without --once: seconds from one run's start to the next's (a longer run is followed at once).",
+)
 @click.option("--bucket", "buckets", multiple=True, metavar="K[,K...]", help="Only these buckets (repeatable).")
 @click.option("--drain", is_flag=True, help="Treat every window as closed (end of a backfill).")
 @METRICS_PORT
@@ -103,8 +109,8 @@ def run(
 
     JOB is a stage (silver, gold, export, metrics, counters), one flow of one (silver.events,
     gold.merge, ...; `medallion flows` lists them) or all.
-    Without --once it repeats every --interval seconds until SIGTERM or Ctrl-C,
-    finishing the step under way.
+    Without --once it starts a run every --interval seconds (at once after a run that took
+    longer) until SIGTERM or Ctrl-C, finishing the step under way.
     """
     chosen = _parse_buckets(buckets)
     if chosen is not None:  # checked before Spark starts
@@ -120,13 +126,14 @@ def run(
     ctx = state.context(validates=True)
     with contextlib.nullcontext(threading.Event()) if once else stop_on(signal.SIGTERM, signal.SIGINT) as stop:
         while True:
+            started = time.monotonic()
             # closed on a stop: the flows' event-log rows are written then, not when it is collected
             with contextlib.closing(passes.run_pass(ctx, chosen_flows, chosen, drain)) as records:
                 for record in records:
                     console.print(f"{record.job}: {record.status}, {record.rows_in:,} in, {record.rows_out:,} out")
                     if stop.is_set():
                         break
-            if once or stop.wait(interval):
+            if once or stop.wait(next_wait(started, interval, time.monotonic())):
                 break
 
 
