@@ -91,8 +91,6 @@ def test_clickhouse_must_hold_what_the_outbox_sent_and_what_was_produced() -> No
     assert not clickhouse_check(produced, under, {0.0: 8, 30.0: 7}, 30.0)  # two of window 0 never sent
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(tansu_binary() is None, reason="needs the Tansu broker (pip install -e '.[dev]')")
 def test_a_pass_begins_with_the_runners_first_job_and_its_time_is_split_by_job() -> None:
     """Three passes of two jobs each, the first before the producer started (left out): passes of
     10 s and 14 s, silver 6 + 8 of those 24 s, gold 3 + 4, and 3 s between the jobs."""
@@ -125,6 +123,8 @@ def test_a_pass_begins_with_the_runners_first_job_and_its_time_is_split_by_job()
     assert pass_costs([]) == {"passes": 0, "p50_s": None, "max_s": None, "jobs": [], "between": None}
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(tansu_binary() is None, reason="needs the Tansu broker (pip install -e '.[dev]')")
 def test_a_short_run_of_the_real_processes_measures_every_event(tmp_path: Path, monkeypatch) -> None:
     # Small windows and a short interval, so that 45 s of events reach ClickHouse within the test.
     monkeypatch.setenv("MEDALLION_GOLD__WINDOW", "5s")
