@@ -40,7 +40,7 @@ def pass_costs(runs: Sequence[dict[str, Any]], since: float = 0.0) -> dict[str, 
     head = runs[0]["job"]
     passes: list[list[dict[str, Any]]] = []
     for r in runs:
-        if r["job"] == head or not passes:
+        if r["job"] == head:  # the first run is the head's: a pass is open from the start
             passes.append([])
         passes[-1].append(r)
     passes = [p for p in passes if epoch(p[0]["started_at"]) >= since]
@@ -51,8 +51,10 @@ def pass_costs(runs: Sequence[dict[str, Any]], since: float = 0.0) -> dict[str, 
         for r in p:
             jobs.setdefault(r["job"], []).append(r)
     per_job: list[dict[str, Any]] = []
+    in_jobs = 0.0
     for job, rs in jobs.items():
         secs = [epoch(r["ended_at"]) - epoch(r["started_at"]) for r in rs]
+        in_jobs += sum(secs)
         per_job.append(
             {
                 "job": job,
@@ -68,5 +70,5 @@ def pass_costs(runs: Sequence[dict[str, Any]], since: float = 0.0) -> dict[str, 
         "p50_s": round(statistics.median(walls), 1) if walls else None,
         "max_s": round(max(walls), 1) if walls else None,
         "jobs": per_job,
-        "between": round(1 - sum(j["share"] for j in per_job), 3) if passes else None,
+        "between": round(1 - in_jobs / total, 3) if passes else None,
     }
