@@ -123,7 +123,8 @@ def without_repeats(batch: Batch, horizon: timedelta, record: FlowRecord) -> Cal
             since = earliest - horizon
             held = batch.read_since(SILVER_EVENTS, "event_time", since).transform(in_buckets(batch.options.buckets))
             if batch.added is not None and batch.added.rows <= LOOKUP_IDS:
-                # At most LOOKUP_IDS rows: their ids are a list the size of a config, and a filter
+                # Provably small: the batch's commits hold at most LOOKUP_IDS rows (they bound a
+                # run over some buckets too), so at most that many ids reach the driver; a filter
                 # by them skips silver's row groups by their Bloom filters (SILVER_EVENTS).
                 uuids = [r[0] for r in rows.where(F.col("uuid").isNotNull()).select("uuid").distinct().collect()]
                 held = held.where(F.col("uuid").isin(uuids))
