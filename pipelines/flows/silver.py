@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import reduce
+from operator import or_
 
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
@@ -99,7 +101,9 @@ def without_repeats(batch: Batch, horizon: timedelta, record: FlowRecord) -> Cal
     buckets, whose rows are a part of those files'), and its size from
     the write's figures (:func:`events_figures`: rows written and repeats dropped). A batch of at
     most :data:`LOOKUP_IDS` rows reads silver for its own ids alone, skipping the row groups whose
-    Bloom filters rule them all out, however much silver the horizon covers. Only the
+    Bloom filters rule them all out, however much silver the horizon covers, and is written as it
+    is when neither it nor silver holds one of its identities twice (:func:`_may_repeat`: two
+    small queries, where the general path shuffles three times). Only the
     suspects (:func:`silver.dedup.suspects`: identities the batch or silver holds more than once,
     found in one aggregation of identity columns) go through the window that finds the first copy;
     they and their rows are cached, as few as the repeats, by the first pass that reads them (no
@@ -109,6 +113,8 @@ def without_repeats(batch: Batch, horizon: timedelta, record: FlowRecord) -> Cal
     """
 
     def transform(rows: DataFrame) -> DataFrame:
+        if batch.added is not None and batch.added.rows <= LOOKUP_IDS and not _may_repeat(batch, rows, horizon):
+            return rows
         # A run over every bucket takes all the rows its commits added, so their statistics give
         # its earliest time (to the millisecond Delta keeps, rounded down); a run over some buckets
         # asks its own rows, so what it checks never depends on another bucket's events.
@@ -146,6 +152,28 @@ def without_repeats(batch: Batch, horizon: timedelta, record: FlowRecord) -> Cal
         return rows.join(ids, list(IDENTITY), "left_anti").unionByName(first_copies(marked))
 
     return transform
+
+
+def _may_repeat(batch: Batch, rows: DataFrame, horizon: timedelta) -> bool:
+    """Whether a batch of at most :data:`LOOKUP_IDS` rows may hold a repeat: an identity twice in
+    the batch, or one silver holds from the horizon before the batch's earliest event on. Two
+    queries that neither shuffle nor aggregate: the batch's identities and times (provably small:
+    its commits hold at most LOOKUP_IDS rows, which bound a run over some buckets too), then at
+    most one row of silver holding one of them (read by ``uuid IN``, which skips silver's row
+    groups by their Bloom filters). True sends the batch through :func:`without_repeats`' general
+    path, which finds and drops the repeats themselves."""
+    found = rows.select(*IDENTITY, "timestamp").collect()
+    ids = {(r["team_id"], r["uuid"]) for r in found if r["team_id"] is not None and r["uuid"] is not None}
+    if len(ids) < sum(1 for r in found if r["team_id"] is not None and r["uuid"] is not None):
+        return True  # an identity the batch holds twice
+    times = [r["timestamp"] for r in found if r["timestamp"] is not None]
+    if not ids or not times:
+        return False
+    since = min(times).astimezone(UTC) - horizon  # Spark gives it in local time
+    pairs = reduce(or_, [(F.col("team_id") == F.lit(t)) & (F.col("uuid") == F.lit(u)) for t, u in sorted(ids)])
+    held = batch.read_since(SILVER_EVENTS, "event_time", since).transform(in_buckets(batch.options.buckets))
+    held = held.where(F.col("uuid").isin(sorted({u for _, u in ids}))).where(pairs)
+    return bool(held.select(F.lit(1)).limit(1).collect())  # at most one row
 
 
 def events_figures(out: DataFrame, config: SilverConfig, record: FlowRecord) -> None:

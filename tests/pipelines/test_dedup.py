@@ -111,6 +111,21 @@ def test_a_batch_of_a_few_events_drops_those_silver_holds(spark: SparkSession, e
     assert silver_uuids(ctx.store) == sorted(e["uuid"] for e in STREAM[:21])
 
 
+def test_a_batch_of_a_few_new_events_keeps_them_all_even_an_id_another_team_used(
+    spark: SparkSession, engine: str, tmp_path: Path
+) -> None:
+    """A batch of at most ``LOOKUP_IDS`` rows that repeats nothing silver holds is written whole:
+    an event is its ``(team_id, uuid)``, so another team's event with a uuid silver holds is new."""
+    ctx = make_ctx(spark, tmp_path / "new", engine)
+    ingest.ingest_files(ctx, "events", [write(tmp_path / "a.jsonl", STREAM[:20])])
+    passes.silver_events(ctx)
+    other_team = {**STREAM[3], "team_id": 2}
+    ingest.ingest_files(ctx, "events", [write(tmp_path / "b.jsonl", [STREAM[20], other_team, STREAM[21]])])
+    record = passes.silver_events(ctx)
+    assert (record.rows_in, record.rows_out, record.metrics["duplicates_dropped"]) == (3, 3, 0)
+    assert silver_uuids(ctx.store) == sorted([e["uuid"] for e in STREAM[:22]] + [STREAM[3]["uuid"]])
+
+
 def test_a_repeat_beyond_the_horizon_is_counted_again_and_zero_turns_it_off(
     spark: SparkSession, engine: str, tmp_path: Path
 ) -> None:
