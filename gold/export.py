@@ -275,6 +275,20 @@ def exported_rows(outbox: DataFrame) -> DataFrame:
     return outbox.select(*EXPORT_COLUMNS[:-1], F.col("total").alias("exported_count"), "export_seq")
 
 
+def held_exported_rows(outbox: pa.Table, seq: int, correction: bool) -> pa.Table:
+    """An outbox batch held in Arrow (EXPORT_COLUMNS, ``total``, ``correction``) -> its rows of
+    the exported state (EXPORTED_SCHEMA's columns) that are, or are not, corrections, sorted by
+    window as the table is clustered: :func:`exported_rows` of a batch small enough to hold."""
+    rows = outbox.filter(pc.equal(outbox["correction"], pa.scalar(correction)))
+    return pa.table(
+        {
+            **{c: rows[c] for c in EXPORT_COLUMNS[:-1]},
+            "exported_count": rows["total"],
+            "export_seq": pa.array([seq] * rows.num_rows, pa.int64()),
+        }
+    ).sort_by(WINDOW_START)
+
+
 @dataclass(frozen=True)
 class BatchFigures:
     """What an outbox batch holds: its rows, the counts it adds and how many rows are corrections."""

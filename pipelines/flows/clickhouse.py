@@ -10,6 +10,8 @@ this module moves it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -31,6 +33,7 @@ from gold.export import (
     export_batch,
     export_bounds,
     exported_rows,
+    held_exported_rows,
     in_send_order,
     incremental_batch,
     newest_event,
@@ -51,6 +54,11 @@ from pipelines.sinks import clickhouse
 from pipelines.storage import AppTxn
 
 APP = app_id(flow_names.EXPORT_CLICKHOUSE, GOLD_PROPERTY_VALUES)
+#: A batch of at most this many rows is read from its outbox files into the driver once, and sent
+#: and recorded from there (a few MB); a larger one is streamed to ClickHouse and recorded by Spark.
+HELD_BATCH_ROWS = 100_000
+#: The outbox columns a held batch is read with: what is sent, and what the exported state records.
+HELD_COLUMNS = (*EXPORT_COLUMNS, "total", "correction")
 #: The outbox records each batch under this app id: sent in the order of its files. Batches written
 #: before that, and those of tables by name, are under ``APP``: sent sorted by key.
 FILES_APP = f"{APP}#files"
@@ -119,8 +127,16 @@ class PropertyValuesExport:
         written before the outbox recorded ``FILES_APP`` (``outbox_version`` None) is resent as it
         was first sent: sorted by its key.
         """
-        sent = self.send(seq, rows, outbox_version)
-        self.record_exported(seq, rows, figures)
+        if outbox_version is not None and figures.rows <= HELD_BATCH_ROWS:
+            # Provably small (at most HELD_BATCH_ROWS rows): the batch's outbox files are read
+            # once, into the driver, and both sent and recorded from there, with no Spark job.
+            with self.tables.stream_added(EXPORT_OUTBOX, outbox_version, HELD_COLUMNS) as reader:
+                held = reader.read_all()
+            sent = self.send(seq, rows, outbox_version, held)
+            self.record_exported(seq, held, figures)
+        else:
+            sent = self.send(seq, rows, outbox_version)
+            self.record_exported(seq, rows, figures)
         log_row = pa.Table.from_pylist(
             [
                 {
@@ -140,13 +156,18 @@ class PropertyValuesExport:
         self.record.incr(rows_exported=sent, late_corrections=figures.corrections, count_sum=figures.count_sum)
         return sent
 
-    def send(self, seq: int, rows: DataFrame, outbox_version: int | None) -> int:
+    def send(self, seq: int, rows: DataFrame, outbox_version: int | None, held: pa.Table | None = None) -> int:
+        """Send batch ``seq``: sorted by key from ``rows`` (``outbox_version`` None), else from the
+        outbox commit's files in their order, or from ``held``, those files' rows already read."""
         window, ch = self.config.gold.window, self.config.clickhouse
-        batches = (
-            self.tables.stream(in_send_order(rows, window))
-            if outbox_version is None
-            else self.tables.stream_added(EXPORT_OUTBOX, outbox_version, EXPORT_COLUMNS)
-        )
+        if held is not None:
+            batches: AbstractContextManager[Iterable[pa.RecordBatch]] = nullcontext(
+                held.select(list(EXPORT_COLUMNS)).to_batches()
+            )
+        elif outbox_version is None:
+            batches = self.tables.stream(in_send_order(rows, window))
+        else:
+            batches = self.tables.stream_added(EXPORT_OUTBOX, outbox_version, EXPORT_COLUMNS)
         sent = 0
         with clickhouse.connect(ch) as client, batches as reader:
             clickhouse.ensure_property_values(client, ch.database, ch.ttl_days)
@@ -158,19 +179,25 @@ class PropertyValuesExport:
                 sent += data.num_rows
         return sent
 
-    def record_exported(self, seq: int, rows: DataFrame, figures: BatchFigures) -> None:
-        """What batch ``seq`` exported, in two writes, each as cheap as the batch: the tuples
-        exported for the first time are appended (under ``<app>#new``, so a redo does not append
-        them twice), and only the corrections are merged into what was exported before, in the
-        commit that records the batch. An append never rewrites the files the exported state holds.
+    def record_exported(self, seq: int, rows: DataFrame | pa.Table, figures: BatchFigures) -> None:
+        """What batch ``seq`` exported (its outbox ``rows``, as a frame or held in the driver), in
+        two writes, each as cheap as the batch: the tuples exported for the first time are
+        appended (under ``<app>#new``, so a redo does not append them twice), and only the
+        corrections are merged into what was exported before, in the commit that records the
+        batch. An append never rewrites the files the exported state holds.
         """
+
+        def exported(correction: bool) -> DataFrame | pa.Table:
+            if isinstance(rows, pa.Table):
+                return held_exported_rows(rows, seq, correction)
+            return exported_rows(rows.where(F.col("correction") == F.lit(correction)))
+
         if figures.rows > figures.corrections:
-            first_time = exported_rows(rows.where(~F.col("correction")))
-            self.tables.append_once(GOLD_EXPORTED, first_time, AppTxn(f"{APP}#new", seq))
+            self.tables.append_once(GOLD_EXPORTED, exported(False), AppTxn(f"{APP}#new", seq))
         if figures.corrections:
             self.tables.merge(
                 GOLD_EXPORTED,
-                exported_rows(rows.where(F.col("correction"))),
+                exported(True),
                 on=EXPORTED_ON,
                 update=EXPORTED_UPDATE,
                 txns=[AppTxn(APP, seq)],
