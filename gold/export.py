@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -157,13 +157,30 @@ class ExportProgress:
     closed_through: datetime
 
 
+#: The outbox columns that say where a batch left the export (the same on every row of a batch).
+PROGRESS_COLUMNS = ("gold_version", "newest_event", "closed_through")
+
+
 def progress_of(batch: DataFrame) -> ExportProgress | None:
     """The rows of one outbox batch -> where it left the export (None for a batch written before
     the outbox kept it): every row carries it, so one row is read."""
-    row = batch.select("gold_version", "newest_event", "closed_through").limit(1).collect()
+    row = batch.select(*PROGRESS_COLUMNS).limit(1).collect()
     if not row or row[0]["gold_version"] is None:
         return None
     return ExportProgress(int(row[0]["gold_version"]), row[0]["newest_event"], row[0]["closed_through"])
+
+
+def progress_in(rows: pa.RecordBatch | None) -> ExportProgress | None:
+    """Outbox rows of one batch in Arrow (at least PROGRESS_COLUMNS) -> where it left the export,
+    as :func:`progress_of` gives it: times as Spark collects them, naive in the local time zone."""
+    if rows is None or not rows.num_rows or not rows["gold_version"][0].is_valid:
+        return None
+
+    def local(column: str) -> datetime:
+        value: datetime = rows[column][0].as_py()  # Spark's timestamps are stored in UTC
+        return (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone().replace(tzinfo=None)
+
+    return ExportProgress(int(rows["gold_version"][0].as_py()), local("newest_event"), local("closed_through"))
 
 
 def newest_event(rows: DataFrame, before: datetime | None) -> datetime | None:

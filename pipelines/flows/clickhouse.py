@@ -24,6 +24,7 @@ from gold.export import (
     EXPORT_DATASET,
     EXPORTED_ON,
     EXPORTED_UPDATE,
+    PROGRESS_COLUMNS,
     BatchFigures,
     ExportProgress,
     batch_figures,
@@ -38,6 +39,7 @@ from gold.export import (
     incremental_batch,
     newest_event,
     outbox_rows,
+    progress_in,
     progress_of,
     rechunk,
     with_last_seen,
@@ -105,6 +107,17 @@ class PropertyValuesExport:
         """(the newest batch in the outbox, the newest one recorded as exported)."""
         out_seq = max(self.tables.txn_version(EXPORT_OUTBOX, a) or 0 for a in (APP, FILES_APP))
         return out_seq, self.tables.txn_version(GOLD_EXPORTED, APP) or 0
+
+    def progress(self, seq: int) -> ExportProgress | None:
+        """Where outbox batch ``seq`` left the export. Every row of a batch carries it, so one row
+        is read: from the files of the commit that recorded the batch where the store reads a
+        commit's files (no Spark job), else through Spark."""
+        tables = self.tables
+        if tables.streams_commit_files(EXPORT_OUTBOX) and tables.txn_version(EXPORT_OUTBOX, FILES_APP) == seq:
+            version = tables.commit_of(EXPORT_OUTBOX, AppTxn(FILES_APP, seq))
+            with tables.stream_added(EXPORT_OUTBOX, version, PROGRESS_COLUMNS) as reader:
+                return progress_in(next((b for b in reader if b.num_rows), None))
+        return progress_of(tables.read(EXPORT_OUTBOX, where=f"export_seq = {seq}"))
 
     def resend(self, seq: int) -> int:
         """Send outbox batch ``seq`` again, as it was first cut, and record it; returns rows sent."""
@@ -267,7 +280,7 @@ def property_values(run: ExportRun, config: ExportConfig, record: FlowRecord) ->
     if out_seq > done_seq:
         resent = export.resend(out_seq)
         record.say(f"export: finished batch {out_seq} that a stopped run had left ({resent:,} rows)")
-    prev = None if out_seq == 0 else progress_of(tables.read(EXPORT_OUTBOX, where=f"export_seq = {out_seq}"))
+    prev = None if out_seq == 0 else export.progress(out_seq)
     version = tables.version(GOLD_PROPERTY_VALUES)
     if prev is not None and prev.gold_version == version and not run.options.drain:
         record.noop(f"gold has not changed since export batch {out_seq}")

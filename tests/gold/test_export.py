@@ -1,12 +1,22 @@
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
-from gold.export import ExportBounds, ExportProgress, export_bounds, incremental_batch, rechunk
+from gold.export import (
+    ExportBounds,
+    ExportProgress,
+    export_bounds,
+    held_exported_rows,
+    incremental_batch,
+    progress_in,
+    rechunk,
+)
 
 T = datetime(2024, 6, 1, 12, tzinfo=UTC)
 WINDOW, GRACE = timedelta(seconds=30), timedelta(seconds=60)
@@ -42,6 +52,96 @@ def test_a_drain_closes_every_window_through_the_newest_events_window() -> None:
 def test_the_recorded_end_never_moves_back() -> None:
     prev = ExportProgress(gold_version=3, newest_event=T, closed_through=T + WINDOW)
     assert export_bounds(T, WINDOW, GRACE, drain=False, prev=prev) == ExportBounds(T - GRACE, T + WINDOW)
+
+
+@pytest.fixture
+def new_york(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The process's local time zone is New York's (EDT in June: UTC - 4 h) for one test."""
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.mark.parametrize("tz", ["UTC", None], ids=["stored in UTC", "naive"])
+def test_a_batchs_progress_read_from_its_files_is_in_local_time_as_spark_collects_it(
+    new_york: None, tz: str | None
+) -> None:
+    stamp = pa.timestamp("us", tz=tz)
+    rows = pa.record_batch(
+        {
+            "gold_version": pa.array([7, 7], pa.int64()),
+            "newest_event": pa.array([datetime(2024, 6, 1, 12, 0, 1, 500)] * 2, stamp),
+            "closed_through": pa.array([datetime(2024, 6, 1, 11, 59)] * 2, stamp),
+        }
+    )
+    assert progress_in(rows) == ExportProgress(7, datetime(2024, 6, 1, 8, 0, 1, 500), datetime(2024, 6, 1, 7, 59))
+
+
+def test_no_row_or_a_batch_from_before_the_outbox_kept_progress_has_none() -> None:
+    empty = pa.record_batch({"gold_version": pa.array([], pa.int64())})
+    old = pa.record_batch({"gold_version": pa.array([None], pa.int64())})
+    assert (progress_in(None), progress_in(empty), progress_in(old)) == (None, None, None)
+
+
+def test_a_held_batchs_exported_rows_split_first_time_from_corrections_sorted_by_window() -> None:
+    w0, w1 = datetime(2024, 6, 1, 12), datetime(2024, 6, 1, 12, 0, 30)
+    outbox = pa.table(
+        {
+            "team_id": pa.array([1, 1, 2], pa.int64()),
+            "property_type": ["event", "event", "person"],
+            "property_key": ["browser", "browser", "plan"],
+            "property_value": ["Firefox", "Chrome", "free"],
+            "window_start": pa.array([w1, w0, w0], pa.timestamp("us")),
+            "count": pa.array([2, 5, 1], pa.int64()),
+            "total": pa.array([9, 5, 4], pa.int64()),
+            "correction": [True, False, True],
+        }
+    )
+    first = held_exported_rows(outbox, 3, correction=False)
+    again = held_exported_rows(outbox, 3, correction=True)
+    columns = [
+        "team_id",
+        "property_type",
+        "property_key",
+        "property_value",
+        "window_start",
+        "exported_count",
+        "export_seq",
+    ]
+    assert first.column_names == columns and again.column_names == columns
+    assert first.to_pylist() == [
+        {
+            "team_id": 1,
+            "property_type": "event",
+            "property_key": "browser",
+            "property_value": "Chrome",
+            "window_start": w0,
+            "exported_count": 5,
+            "export_seq": 3,
+        },
+    ]
+    assert again.to_pylist() == [
+        {
+            "team_id": 2,
+            "property_type": "person",
+            "property_key": "plan",
+            "property_value": "free",
+            "window_start": w0,
+            "exported_count": 4,
+            "export_seq": 3,
+        },
+        {
+            "team_id": 1,
+            "property_type": "event",
+            "property_key": "browser",
+            "property_value": "Firefox",
+            "window_start": w1,
+            "exported_count": 9,
+            "export_seq": 3,
+        },
+    ]
 
 
 KEY_DDL = "team_id long, property_type string, property_key string, property_value string, window_start timestamp"
