@@ -175,12 +175,19 @@ def progress_in(rows: pa.RecordBatch | None) -> ExportProgress | None:
     as :func:`progress_of` gives it: times as Spark collects them, naive in the local time zone."""
     if rows is None or not rows.num_rows or not rows["gold_version"][0].is_valid:
         return None
+    newest, through = (_as_collected(rows[c][0].as_py()) for c in ("newest_event", "closed_through"))
+    return ExportProgress(int(rows["gold_version"][0].as_py()), newest, through)
 
-    def local(column: str) -> datetime:
-        value: datetime = rows[column][0].as_py()  # Spark's timestamps are stored in UTC
-        return (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone().replace(tzinfo=None)
 
-    return ExportProgress(int(rows["gold_version"][0].as_py()), local("newest_event"), local("closed_through"))
+def _as_collected(value: datetime) -> datetime:
+    """A timestamp read from Parquet (stored in UTC; naive where the reader leaves it so) -> as
+    pyspark collects it: naive, in the local time zone."""
+    return (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone().replace(tzinfo=None)
+
+
+def _as_stored(value: datetime) -> datetime:
+    """A time as pyspark collects it (naive: local) -> in UTC, to compare with what Parquet stores."""
+    return value.astimezone(UTC)
 
 
 def newest_event(rows: DataFrame, before: datetime | None) -> datetime | None:
@@ -201,6 +208,32 @@ def change_bounds(changes: DataFrame, width: timedelta, prev: ExportProgress) ->
     found = changes.agg(F.max("max_event_time"), F.collect_set(F.when(late, F.col(WINDOW_START)))).first()
     newest, windows = (found[0], found[1]) if found else (None, [])
     return _later(prev.newest_event, newest), sorted(windows)
+
+
+#: The columns of gold's change feed the export reads: the key, the newest event, the change type.
+CHANGE_COLUMNS = (*EXPORT_KEY, "max_event_time", "_change_type")
+
+
+def held_change_bounds(
+    changes: pa.Table, width: timedelta, prev: ExportProgress
+) -> tuple[datetime | None, list[datetime], pa.Table]:
+    """Gold's change feed since ``prev`` held in Arrow (CHANGE_COLUMNS) -> :func:`change_bounds`
+    (the newest event time counted; the window starts of the late keys) and the late keys
+    themselves (:func:`changed_keys`, EXPORT_KEY, one row each), computed in the driver: for a
+    feed small enough to hold, where the frame functions would each be a Spark job."""
+    through = pa.scalar(_as_stored(prev.closed_through - width), pa.timestamp("us", "UTC"))
+    images = pc.is_in(changes["_change_type"], pa.array(["insert", "update_postimage"]))
+    stamps = changes[WINDOW_START].cast(pa.timestamp("us", "UTC"))
+    late = changes.filter(pc.and_kleene(images, pc.less_equal(stamps, through)))
+    keys = (
+        late.select(list(EXPORT_KEY))
+        .group_by(list(EXPORT_KEY))
+        .aggregate([])
+        .sort_by([(c, "ascending") for c in EXPORT_KEY])
+    )
+    found = pc.max(changes["max_event_time"]).as_py()
+    windows = sorted({_as_collected(w) for w in keys[WINDOW_START].to_pylist()})
+    return _later(prev.newest_event, _as_collected(found) if found else None), windows, keys
 
 
 @dataclass(frozen=True)

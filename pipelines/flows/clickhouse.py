@@ -18,10 +18,13 @@ from datetime import UTC, datetime
 import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from gold.export import (
+    CHANGE_COLUMNS,
     EXPORT_COLUMNS,
     EXPORT_DATASET,
+    EXPORT_KEY,
     EXPORTED_ON,
     EXPORTED_UPDATE,
     PROGRESS_COLUMNS,
@@ -34,6 +37,7 @@ from gold.export import (
     export_batch,
     export_bounds,
     exported_rows,
+    held_change_bounds,
     held_exported_rows,
     in_send_order,
     incremental_batch,
@@ -44,7 +48,7 @@ from gold.export import (
     rechunk,
     with_last_seen,
 )
-from gold.property_values import WINDOW_START
+from gold.property_values import KEY_FIELDS, WINDOW_START
 from pipelines.config.sections import ClickHouseSettings, GoldSettings
 from pipelines.config.settings import Settings
 from pipelines.errors import StorageError
@@ -59,6 +63,11 @@ APP = app_id(flow_names.EXPORT_CLICKHOUSE, GOLD_PROPERTY_VALUES)
 #: A batch of at most this many rows is read from its outbox files into the driver once, and sent
 #: and recorded from there (a few MB); a larger one is streamed to ClickHouse and recorded by Spark.
 HELD_BATCH_ROWS = 100_000
+#: Gold's change feed since the last batch is read into the driver up to this many rows (counted
+#: from the log first: a few MB), where a Spark job would find its bounds and late keys.
+HELD_CHANGE_ROWS = 100_000
+#: The late keys of a held change feed, as a frame (EXPORT_KEY).
+LATE_KEYS = StructType([f for f in KEY_FIELDS if f.name in EXPORT_KEY])
 #: The outbox columns a held batch is read with: what is sent, and what the exported state records.
 HELD_COLUMNS = (*EXPORT_COLUMNS, "total", "correction")
 #: The outbox records each batch under this app id: sent in the order of its files. Batches written
@@ -218,10 +227,32 @@ class PropertyValuesExport:
         else:  # nothing to correct: the commit records the batch alone
             self.tables.append(GOLD_EXPORTED, GOLD_EXPORTED.arrow_schema.empty_table(), [AppTxn(APP, seq)])
 
-    def next_batch(self, seq: int, prev: ExportProgress | None) -> Batch | str:
+    def changes_since(
+        self, prev: ExportProgress, version: int, changed: int | None
+    ) -> tuple[DataFrame | None, datetime | None, list[datetime], DataFrame]:
+        """Gold's changes since batch ``prev`` up to ``version`` (``changed`` rows, None: not known)
+        -> (the change feed, cached, or None where it was held; the newest event time counted; the
+        windows of the late keys; the late keys). One pass over the changes finds the newest event
+        and the late keys' windows, to read only their part of gold and of what was exported; a
+        feed of at most HELD_CHANGE_ROWS rows (counted from the log) is read into the driver
+        instead, with no Spark job."""
+        g, start = self.config.gold, prev.gold_version + 1
+        held = None
+        if changed is not None and changed <= HELD_CHANGE_ROWS:
+            held = self.tables.held_changes(GOLD_PROPERTY_VALUES, start, version, CHANGE_COLUMNS)
+        if held is not None:
+            newest, windows, keys = held_change_bounds(held, g.window, prev)
+            return None, newest, windows, self.tables.to_spark(keys, LATE_KEYS)
+        changes = self.record.cache(self.tables.read_changes(GOLD_PROPERTY_VALUES, start, version))
+        newest, windows = change_bounds(changes, g.window, prev)
+        return changes, newest, windows, changes.transform(changed_keys(g.window, prev.closed_through))
+
+    def next_batch(self, seq: int, prev: ExportProgress | None, changed: int | None = None) -> Batch | str:
         """Batch ``seq``: what gold holds for windows closed since batch ``seq - 1`` (``prev``),
-        and corrections for late counts in windows closed before; or why there is none."""
+        and corrections for late counts in windows closed before; or why there is none.
+        ``changed``: the rows of gold's change feed since ``prev`` (None: not known)."""
         g, cache = self.config.gold, self.record.cache
+        changes = None
         version = self.tables.version(GOLD_PROPERTY_VALUES)
         assert version is not None  # the runner ensured it
         if prev is None:
@@ -232,12 +263,8 @@ class PropertyValuesExport:
             exported = self.tables.read(GOLD_EXPORTED)
         else:
             # Only what changed: the windows closed since the last batch, and the tuples of
-            # windows closed before it that gold's change feed shows late counts for. One pass
-            # over the changes finds the newest event and the late tuples' windows, to read only
-            # their part of gold and of what was exported.
-            changes = cache(self.tables.read_changes(GOLD_PROPERTY_VALUES, prev.gold_version + 1, version))
-            newest, windows = change_bounds(changes, g.window, prev)
-            late = changes.transform(changed_keys(g.window, prev.closed_through))
+            # windows closed before it that gold's change feed shows late counts for.
+            changes, newest, windows, late = self.changes_since(prev, version, changed)
             exported = self.tables.read_windows(GOLD_EXPORTED, WINDOW_START, None, windows)
         if newest is None:
             return "gold is empty"
@@ -264,7 +291,7 @@ class PropertyValuesExport:
             )
         whole = cache(cut)
         figures = cut_figures(whole)  # the flags and what is sent, in one pass that fills the cache
-        if prev is not None:  # the cut is all it needs from here on
+        if changes is not None:  # the cut is all it needs from here on
             self.record.release(changes)
         sendable = whole.where("NOT _gated AND NOT _dropped").drop("_gated", "_dropped")
         # A view of the cached batch, not cached again: the gate checks it as the outbox write reads it.
@@ -292,13 +319,15 @@ def property_values(run: ExportRun, config: ExportConfig, record: FlowRecord) ->
     if prev is not None and version is not None and version > prev.gold_version:
         changed = tables.change_rows(GOLD_PROPERTY_VALUES, prev.gold_version + 1, version)
     with run.small(changed):
-        _export(export, seq, prev, record)
+        _export(export, seq, prev, changed, record)
 
 
-def _export(export: PropertyValuesExport, seq: int, prev: ExportProgress | None, record: FlowRecord) -> None:
+def _export(
+    export: PropertyValuesExport, seq: int, prev: ExportProgress | None, changed: int | None, record: FlowRecord
+) -> None:
     """Batch ``seq`` cut, gated, written to the outbox, sent and recorded (:func:`property_values`)."""
     run, tables = export.run, export.tables
-    batch = export.next_batch(seq, prev)
+    batch = export.next_batch(seq, prev, changed)
     if isinstance(batch, str):
         record.noop(batch)
         return

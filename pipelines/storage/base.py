@@ -308,6 +308,14 @@ class TableStore(ABC):
         """Change data feed rows of versions ``start..end`` (inclusive), with ``_change_type``,
         ``_commit_version`` and ``_commit_timestamp``."""
 
+    def held_changes(
+        self, spec: TableSpec, start_version: int, end_version: int, columns: Sequence[str]
+    ) -> pa.Table | None:
+        """The change feed of commits ``start..end``, ``columns`` only (data columns, not partition
+        ones, and ``_change_type``), read into the driver with no Spark job: for a feed known to be
+        small (:meth:`change_rows`). None where the engine reads it through Spark only (here)."""
+        return None
+
     def read_inserted(self, spec: TableSpec, start_version: int, end_version: int | None = None) -> DataFrame:
         """Rows added (inserted, or the new image of updated rows) in ``start..end``."""
         changes = self.read_changes(spec, start_version, end_version)

@@ -27,13 +27,10 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from deltalake.transaction import AddAction, RemoveAction
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
 from pipelines.errors import CommitConflictError, StorageError
+from pipelines.storage import deltars_changes
 from pipelines.storage.base import (
-    CHANGE_TYPE,
-    COMMIT_TIMESTAMP,
-    COMMIT_VERSION,
     AppTxn,
     Data,
     Greatest,
@@ -48,7 +45,7 @@ from pipelines.storage.base import (
 )
 from pipelines.storage.bloom import bloom_writer_properties
 from pipelines.storage.file_stats import MayHold, from_time, in_windows, kept_files
-from pipelines.storage.parquet_files import DataFile, scan, with_file_columns
+from pipelines.storage.parquet_files import DataFile, scan
 
 #: A MERGE source of at most this many rows is handed to delta-rs whole (a few MB in the driver),
 #: so that it prunes the target by the source's values; a larger one is streamed.
@@ -58,7 +55,6 @@ SMALL_MERGE_SOURCE_ROWS = 100_000
 MAX_COMMIT_RETRIES = 15
 #: Reader features whose files a plain Parquet read would get wrong.
 UNSUPPORTED_READER_FEATURES = ("deletionVectors", "columnMapping")
-CHANGE_FIELDS = [StructField(COMMIT_VERSION, LongType()), StructField(COMMIT_TIMESTAMP, TimestampType())]
 
 
 def _commit_properties(txns: Sequence[AppTxn], operation: str | None = None) -> CommitProperties:
@@ -330,47 +326,24 @@ class DeltaRsStore(TableStore):
         return scan(self.spark, spec.schema, self.path(spec), uris)
 
     def read_changes(self, spec: TableSpec, start_version: int, end_version: int | None = None) -> DataFrame:
-        """The change feed as Delta defines it: a commit with change-data files is read from them;
-        otherwise its added files are inserts and its removed files deletes."""
+        """The change feed as Delta defines it (:func:`~pipelines.storage.deltars_changes.read_changes`)."""
+        return deltars_changes.read_changes(
+            self.spark, spec, self.path(spec), self._files_of_changes(spec, start_version, end_version)
+        )
+
+    def held_changes(self, spec: TableSpec, start_version: int, end_version: int, columns: Sequence[str]) -> pa.Table:
+        """The change feed in the driver, no Spark job (:func:`~pipelines.storage.deltars_changes.held_changes`)."""
+        files = self._files_of_changes(spec, start_version, end_version)
+        return deltars_changes.held_changes(self.files, spec, self.path(spec), files, columns)
+
+    def _files_of_changes(
+        self, spec: TableSpec, start_version: int, end_version: int | None
+    ) -> deltars_changes.ChangeFiles:
         end = self.version(spec) if end_version is None else end_version
         if end is None:
             raise StorageError(f"table {spec.key} does not exist")
         self._readable(spec, self._table(spec))
-        groups: dict[str, dict[str, tuple[Any, ...]]] = {"cdc": {}, "insert": {}, "delete": {}}
-        for version, actions in self.files.commits(self.path(spec), start_version, end):
-            info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
-            ts = datetime.fromtimestamp(info.get("timestamp", 0) / 1000, tz=UTC)
-            cdc = [a["cdc"] for a in actions if "cdc" in a]
-            if cdc:
-                for c in cdc:
-                    groups["cdc"][c["path"]] = (version, ts)
-                continue
-            for kind, action in (("insert", "add"), ("delete", "remove")):
-                for a in actions:
-                    if action in a and a[action].get("dataChange", True):
-                        groups[kind][a[action]["path"]] = (version, ts)
-        parts = []
-        data_fields = spec.schema.fields
-        for kind, files in groups.items():
-            if not files:
-                continue
-            base = self.path(spec) + ("/_change_data" if kind == "cdc" else "")
-            schema = spec.schema
-            if kind == "cdc":  # change-data files carry their change type
-                schema = StructType([*data_fields, StructField(CHANGE_TYPE, StringType())])
-            uris = [f"{self.path(spec)}/{p}" for p in files]
-            rows = scan(self.spark, schema, base, uris)
-            if kind != "cdc":
-                rows = rows.withColumn(CHANGE_TYPE, F.lit(kind))
-            by_name = {p.rsplit("/", 1)[-1]: v for p, v in files.items()}
-            parts.append(with_file_columns(rows, self.spark, by_name, CHANGE_FIELDS))
-        out_schema = StructType([*data_fields, StructField(CHANGE_TYPE, StringType()), *CHANGE_FIELDS])
-        if not parts:
-            return self.spark.createDataFrame([], out_schema)
-        out = parts[0]
-        for p in parts[1:]:
-            out = out.unionByName(p)
-        return out.select(*out_schema.fieldNames())
+        return deltars_changes.change_files(self.files.commits(self.path(spec), start_version, end))
 
     def version(self, spec: TableSpec) -> int | None:
         if not self.exists(spec):

@@ -48,7 +48,7 @@ from pyspark.sql.types import (
 
 from pipelines.errors import StorageError
 from pipelines.storage.bloom import bloom_filter_confs
-from pipelines.storage.conform import clustered, conform_df
+from pipelines.storage.conform import clustered, conform, conform_df
 
 STAGING = "_staging"
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
@@ -233,6 +233,18 @@ class TableFiles:
             return
         dataset = pads.dataset(names, filesystem=self.fs, format="parquet")
         yield dataset.scanner(columns=list(columns), batch_size=batch_rows, use_threads=False).to_reader()
+
+    def read_columns(self, table_uri: str, paths: Sequence[str], schema: pa.Schema) -> pa.Table:
+        """The rows of the table's files ``paths`` (as its log names them) in the driver, conformed
+        to ``schema`` (a column a file lacks is null): for a read known to be small, with no Spark
+        job. Partition columns are not restored from their folders: leave them out of ``schema``."""
+        base = self._fs_path(table_uri)
+        tables = []
+        for p in paths:
+            name = self._fs_path(unquote(p)) if "://" in p else f"{base}/{unquote(p)}"
+            file = pq.ParquetFile(name, filesystem=self.fs)
+            tables.append(conform(file.read(columns=[c for c in schema.names if c in file.schema_arrow.names]), schema))
+        return pa.concat_tables(tables) if tables else schema.empty_table()
 
     def added_stats(self, table_uri: str, start: int, end: int, schema: StructType) -> AddedStats | None:
         """The rows commits ``start..end`` added and the earliest of each timestamp column, from

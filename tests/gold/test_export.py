@@ -12,6 +12,7 @@ from gold.export import (
     ExportBounds,
     ExportProgress,
     export_bounds,
+    held_change_bounds,
     held_exported_rows,
     incremental_batch,
     progress_in,
@@ -83,6 +84,55 @@ def test_no_row_or_a_batch_from_before_the_outbox_kept_progress_has_none() -> No
     empty = pa.record_batch({"gold_version": pa.array([], pa.int64())})
     old = pa.record_batch({"gold_version": pa.array([None], pa.int64())})
     assert (progress_in(None), progress_in(empty), progress_in(old)) == (None, None, None)
+
+
+def test_a_held_change_feed_gives_the_newest_event_and_the_late_keys_and_their_windows(new_york: None) -> None:
+    # The last batch closed windows through T + WINDOW (window T is closed, T + WINDOW is open).
+    # Window T gained ("a") in two buckets and changed ("b"); the open window gained ("c"), the
+    # newest event; an older window lost ("d"). New York is UTC - 4 h in June.
+    stamp = pa.timestamp("us", tz="UTC")
+    early, late_window, open_window = T - WINDOW, T, T + WINDOW
+    rows = [  # value, window, newest event in it, change type
+        ("a", late_window, T + timedelta(seconds=5), "insert"),
+        ("a", late_window, T + timedelta(seconds=7), "insert"),
+        ("b", late_window, T + timedelta(seconds=2), "update_preimage"),
+        ("b", late_window, T + timedelta(seconds=9), "update_postimage"),
+        ("c", open_window, T + timedelta(seconds=40), "insert"),
+        ("d", early, T - timedelta(seconds=20), "delete"),
+    ]
+    changes = pa.table(
+        {
+            "team_id": pa.array([1] * len(rows), pa.int64()),
+            "property_type": ["event"] * len(rows),
+            "property_key": ["browser"] * len(rows),
+            "property_value": [r[0] for r in rows],
+            "window_start": pa.array([r[1] for r in rows], stamp),
+            "max_event_time": pa.array([r[2] for r in rows], stamp),
+            "_change_type": [r[3] for r in rows],
+        }
+    )
+    prev = ExportProgress(3, newest_event=datetime(2024, 6, 1, 8, 0, 30), closed_through=datetime(2024, 6, 1, 8, 0, 30))
+    newest, windows, keys = held_change_bounds(changes, WINDOW, prev)
+    assert (newest, windows) == (datetime(2024, 6, 1, 8, 0, 40), [datetime(2024, 6, 1, 8)])
+    assert [(r["property_value"], r["window_start"]) for r in keys.to_pylist()] == [("a", T), ("b", T)]
+
+
+def test_a_held_change_feed_with_nothing_newer_keeps_the_last_newest_event() -> None:
+    stamp = pa.timestamp("us", tz="UTC")
+    empty = pa.table(
+        {
+            "team_id": pa.array([], pa.int64()),
+            "property_type": pa.array([], pa.string()),
+            "property_key": pa.array([], pa.string()),
+            "property_value": pa.array([], pa.string()),
+            "window_start": pa.array([], stamp),
+            "max_event_time": pa.array([], stamp),
+            "_change_type": pa.array([], pa.string()),
+        }
+    )
+    prev = ExportProgress(3, newest_event=datetime(2024, 6, 1, 12), closed_through=datetime(2024, 6, 1, 12, 1))
+    newest, windows, keys = held_change_bounds(empty, WINDOW, prev)
+    assert (newest, windows, keys.num_rows) == (prev.newest_event, [], 0)
 
 
 def test_a_held_batchs_exported_rows_split_first_time_from_corrections_sorted_by_window() -> None:
