@@ -125,6 +125,27 @@ def test_the_embedded_clickhouse_without_chdb_says_how_to_get_it(
     )
 
 
+def test_a_clickhouse_connection_begun_ahead_fails_only_when_its_client_is_asked_for(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """:func:`clickhouse.connecting` opens in a thread: an export with nothing to send never asks
+    for the client, so a ClickHouse it cannot reach is no error there; asked for, it is the same
+    error :func:`clickhouse.connect` gives."""
+    import importlib.util
+
+    from pipelines.config.settings import load_settings
+    from pipelines.sinks import clickhouse
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "chdb" else find_spec(name, *a))
+    settings = load_settings(lake_root=str(tmp_path / "lake"))
+    with clickhouse.connecting(settings):
+        pass
+    with pytest.raises(clickhouse.ClickHouseError) as missing, clickhouse.connecting(settings) as client:
+        client()
+    assert str(missing.value).startswith("the embedded ClickHouse (chdb://") and "needs chdb" in str(missing.value)
+
+
 def test_the_wheel_lists_every_package_and_maps_medallion_to_the_api() -> None:
     import tomllib
 

@@ -10,10 +10,11 @@ this module moves it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -107,6 +108,8 @@ class PropertyValuesExport:
     run: ExportRun
     config: ExportConfig
     record: FlowRecord
+    #: The ClickHouse client, connecting while the batch is cut (None: connect when sending).
+    client: Callable[[], Any] | None = None
 
     @property
     def tables(self) -> DeclaredTables:
@@ -191,7 +194,8 @@ class PropertyValuesExport:
         else:
             batches = self.tables.stream_added(EXPORT_OUTBOX, outbox_version, EXPORT_COLUMNS)
         sent = 0
-        with clickhouse.connect(ch) as client, batches as reader:
+        connected = nullcontext(self.client()) if self.client else clickhouse.connect(ch)
+        with connected as client, batches as reader:
             clickhouse.ensure_property_values(client, ch.database, ch.ttl_days)
             for i, data in enumerate(rechunk(reader, ch.insert_chunk_rows)):
                 if outbox_version is not None:
@@ -318,7 +322,8 @@ def property_values(run: ExportRun, config: ExportConfig, record: FlowRecord) ->
     changed = None
     if prev is not None and version is not None and version > prev.gold_version:
         changed = tables.change_rows(GOLD_PROPERTY_VALUES, prev.gold_version + 1, version)
-    with run.small(changed):
+    with run.small(changed), clickhouse.connecting(config.clickhouse) as client:
+        export.client = client
         _export(export, seq, prev, changed, record)
 
 

@@ -7,7 +7,8 @@ The embedded engine holds one data path per process, so every use opens the clie
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,30 @@ class ClickHouseError(MedallionError):
 def connect(settings: Settings | ClickHouseSettings) -> Iterator[Any]:
     """A clickhouse-connect client for ``settings.clickhouse`` (or those ClickHouse settings
     themselves); closed when the block ends."""
+    client = _open(settings)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@contextmanager
+def connecting(settings: Settings | ClickHouseSettings) -> Iterator[Callable[[], Any]]:
+    """:func:`connect`, begun in a thread of its own: the block gets a callable that waits for the
+    client (raising :class:`ClickHouseError` as ``connect`` would) and does other work meanwhile.
+    Opening the embedded engine reads its tables' metadata (0.1-0.2 s), which an export overlaps
+    with its Spark queries. The client is closed when the block ends, used or not."""
+    with ThreadPoolExecutor(1, thread_name_prefix="clickhouse-connect") as pool:
+        opening = pool.submit(_open, settings)
+        try:
+            yield opening.result
+        finally:
+            client = None if opening.exception() else opening.result()  # an error not asked for: nothing to close
+            if client is not None:
+                client.close()
+
+
+def _open(settings: Settings | ClickHouseSettings) -> Any:
     import clickhouse_connect
 
     ch = settings.clickhouse if isinstance(settings, Settings) else settings
@@ -84,20 +109,15 @@ def connect(settings: Settings | ClickHouseSettings) -> Iterator[Any]:
     try:
         if dsn.startswith("chdb://"):
             Path(dsn.removeprefix("chdb://")).mkdir(parents=True, exist_ok=True)
-            client = clickhouse_connect.get_client(dsn=dsn)
-        else:
-            client = clickhouse_connect.get_client(
-                dsn=dsn,
-                username=ch.user,
-                password=ch.password.get_secret_value() if ch.password else "",
-                database=ch.database,
-            )
+            return clickhouse_connect.get_client(dsn=dsn)
+        return clickhouse_connect.get_client(
+            dsn=dsn,
+            username=ch.user,
+            password=ch.password.get_secret_value() if ch.password else "",
+            database=ch.database,
+        )
     except Exception as exc:
         raise ClickHouseError(f"cannot connect to ClickHouse at {redact_url(dsn)}: {exc}") from exc
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 def ttl_clause(days: int | None) -> str:
