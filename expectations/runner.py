@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import operator
 import threading
 import time
 import uuid
@@ -19,11 +18,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar
 
-from pyspark.sql import Column, DataFrame, Observation
+from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
 from expectations import batch
 from expectations.core import Check, Suite
+from expectations.predicates import failing, failing_sums, stops_on
 
 log = logging.getLogger("medallion")
 
@@ -228,11 +228,6 @@ def outcome(check: Check, success: bool) -> str:
     return {"warn": "warned", "drop": "dropped", "fail": "failed"}[check.policy]
 
 
-def _failing_sums(checks: Sequence[Check]) -> list[Column]:
-    """Per row-level check, its failing rows as an aggregate column (``_f0``, ``_f1``, ...)."""
-    return [F.coalesce(F.sum(failing(c).cast("long")), F.lit(0)).alias(f"_f{i}") for i, c in enumerate(checks)]
-
-
 def row_counts(
     df: DataFrame, suite: Suite, checks: list[Check], totals: Sequence[Check] = ()
 ) -> tuple[int, list[int], list[int]]:
@@ -246,7 +241,7 @@ def row_counts(
     from pyspark.errors import AnalysisException
 
     columns = [
-        *zip(checks, _failing_sums(checks), strict=True),
+        *zip(checks, failing_sums(checks), strict=True),
         *((c, F.expr(c.total or "").cast("long").alias(f"_t{i}")) for i, c in enumerate(totals)),
     ]
     try:
@@ -349,11 +344,10 @@ def in_write(df: DataFrame, suite: Suite, totals: bool = False) -> InWrite | Non
     started = time.perf_counter()
     observed = Observation(f"gate_{uuid.uuid4().hex}")
     sums = [F.expr(c.total or "").cast("long").alias(f"_t{i}") for i, c in enumerate(total_checks)]
-    rows = df.observe(observed, F.count(F.lit(1)).alias("_rows"), *_failing_sums(row_checks), *sums)
+    rows = df.observe(observed, F.count(F.lit(1)).alias("_rows"), *failing_sums(row_checks), *sums)
     fails = [c for c in row_checks if c.policy == "fail"]
     if fails:
-        any_fails = functools.reduce(operator.or_, (failing(c) for c in fails))
-        rows = rows.where(F.when(any_fails, F.raise_error(F.lit(FAILED_IN_WRITE))).isNull())
+        rows = rows.where(stops_on(fails, FAILED_IN_WRITE))
     return InWrite(suite, rows, df, observed, row_checks, total_checks, started)
 
 
@@ -432,11 +426,6 @@ def _gx_results(
             check.description,
         )
     return rows
-
-
-def failing(check: Check) -> Column:
-    assert check.passes is not None
-    return ~F.coalesce(F.expr(check.passes), F.lit(False))
 
 
 def split(df: DataFrame, suite: Suite, results: list[Result]) -> tuple[DataFrame, DataFrame | None]:
