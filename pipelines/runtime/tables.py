@@ -142,6 +142,9 @@ EXPORT_OUTBOX = TableSpec(
     "export_outbox",
     OUTBOX_SCHEMA,
     description="each export batch, recorded before it is sent so a retry sends the same rows",
+    # The driver streams a batch's files to ClickHouse a row group at a time: files (and so row
+    # groups) of at most this many rows keep that memory the same however large the batch.
+    file_rows=100_000,
 )
 EXPORTS = TableSpec(
     "_meta",
