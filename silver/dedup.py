@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from functools import reduce
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
@@ -105,6 +107,29 @@ def suspects(
     )
     twice = (F.col("_copies") > 1) | ((F.col("_copies") > 0) & F.col("_first").isNotNull())
     return grouped.where(twice).drop("_copies")
+
+
+def held_suspects(ids: pa.Table, held: pa.Table | None, identity: Sequence[str] = IDENTITY) -> pa.Table:
+    """:func:`suspects` of identities held in the driver (a batch and a part of silver known to be
+    small): ``ids``, the batch's identity columns; ``held``, silver's identity columns and
+    ``event_time`` near the batch's event times (None: silver is not consulted). The same rows,
+    as an Arrow table (``_first`` and ``_last`` in ``held``'s time type, null where silver holds
+    none): an aggregation in the driver where Spark would plan a shuffle and a job."""
+    keys = list(identity)
+    known = ids.select(keys).filter(reduce(pc.and_, [pc.is_valid(ids[c]) for c in keys]))
+    copies = known.group_by(keys).aggregate([([], "count_all")])
+    times = held.schema.field("event_time").type if held is not None else pa.timestamp("us", "UTC")
+    if held is not None:
+        held = held.filter(reduce(pc.and_, [pc.is_valid(held[c]) for c in keys]))
+        held = held.join(copies.select(keys), keys, join_type="left semi")  # only the batch's
+        seen = held.group_by(keys).aggregate([("event_time", "min"), ("event_time", "max")])
+        seen = seen.rename_columns([*keys, "_first", "_last"])
+    else:
+        seen = pa.table({**{c: pa.array([], known.schema.field(c).type) for c in keys}, "_first": [], "_last": []})
+        seen = seen.cast(pa.schema([*(known.schema.field(c) for c in keys), ("_first", times), ("_last", times)]))
+    grouped = copies.join(seen, keys, join_type="left outer")
+    twice = pc.or_(pc.greater(grouped["count_all"], 1), pc.is_valid(grouped["_first"]))
+    return grouped.filter(twice).select([*keys, "_first", "_last"])
 
 
 def first_copies(rows: DataFrame) -> DataFrame:

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from functools import reduce
 from operator import or_
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 
@@ -15,9 +16,18 @@ from pipelines.config.layers import bucket_mapping
 from pipelines.config.sections import PageChangeSettings
 from pipelines.config.settings import Settings
 from pipelines.runtime.flow_types import Batch, FlowRecord, StateBatch, StateRules, StateStep
-from pipelines.runtime.tables import SILVER_EVENTS, SILVER_PAGE_CHANGES
+from pipelines.runtime.tables import BRONZE_EVENTS, SILVER_EVENTS, SILVER_PAGE_CHANGES
 from silver.buckets import BucketMapping, assign_buckets, in_buckets
-from silver.dedup import IDENTITY, LANDING_ORDER, REPEAT, first_copies, mark_repeats, recent_identities, suspects
+from silver.dedup import (
+    IDENTITY,
+    LANDING_ORDER,
+    REPEAT,
+    first_copies,
+    held_suspects,
+    mark_repeats,
+    recent_identities,
+    suspects,
+)
 from silver.events import to_silver_events
 from silver.page_changes import (
     EVENT_COLUMNS,
@@ -105,7 +115,9 @@ def without_repeats(batch: Batch, horizon: timedelta, record: FlowRecord) -> Cal
     is when neither it nor silver holds one of its identities twice (:func:`_may_repeat`: two
     small queries, where the general path shuffles three times). Only the
     suspects (:func:`silver.dedup.suspects`: identities the batch or silver holds more than once,
-    found in one aggregation of identity columns) go through the window that finds the first copy;
+    found in one aggregation of identity columns; in the driver, with no Spark job, where the
+    batch's and silver's identities in the horizon are known to be small, :func:`_held_suspects`)
+    go through the window that finds the first copy;
     they and their rows are cached, as few as the repeats, by the first pass that reads them (no
     count of its own). Every other row passes by an anti-join with the suspects (broadcast up to
     :data:`BROADCAST_SUSPECTS`), so the gate, the write and the figures each read the batch as they
@@ -124,6 +136,10 @@ def without_repeats(batch: Batch, horizon: timedelta, record: FlowRecord) -> Cal
         else:  # one row: the batch's earliest event time (Spark gives it in local time)
             first = rows.agg(F.min("timestamp")).first()
             earliest = first[0].astimezone(UTC) if first and first[0] is not None else None
+        found = _held_suspects(batch, earliest, horizon)
+        if found is not None:  # found in the driver, with no Spark job
+            n = found.num_rows
+            return _dropping(rows, batch.tables.to_spark(found), n, horizon, record) if n else rows
         held = None
         if earliest is not None:
             since = earliest - horizon
@@ -138,20 +154,52 @@ def without_repeats(batch: Batch, horizon: timedelta, record: FlowRecord) -> Cal
         # too) narrows silver's identities to its own before they are grouped.
         few = batch.added is not None and batch.added.rows <= BROADCAST_BATCH
         maybe = record.cache(suspects(rows, held, few=few))
-        n_suspects = maybe.count()  # materializes the cache
-        if not n_suspects:  # no identity held twice: nothing to drop
-            return rows
-        ids = maybe.select(*IDENTITY)
-        if n_suspects <= BROADCAST_SUSPECTS:
-            ids = F.broadcast(ids)
-        marked = record.cache(
-            rows.join(ids, list(IDENTITY), "left_semi").transform(mark_repeats(maybe, horizon, time="timestamp"))
-        )
-        # Counted by the pass that fills the cache (the gate's or the write's): no pass of its own.
-        marked = record.observe(REPEATS, marked, n=F.count_if(F.col(REPEAT)))
-        return rows.join(ids, list(IDENTITY), "left_anti").unionByName(first_copies(marked))
+        return _dropping(rows, maybe, maybe.count(), horizon, record)  # the count materializes the cache
 
     return transform
+
+
+def _dropping(rows: DataFrame, maybe: DataFrame, n_suspects: int, horizon: timedelta, record: FlowRecord) -> DataFrame:
+    """The batch's rows without the repeats among its ``n_suspects`` suspects (``maybe``:
+    :func:`silver.dedup.suspects`): the suspects' rows through the window that finds each first
+    copy, every other row by an anti-join."""
+    if not n_suspects:  # no identity held twice: nothing to drop
+        return rows
+    ids = maybe.select(*IDENTITY)
+    if n_suspects <= BROADCAST_SUSPECTS:
+        ids = F.broadcast(ids)
+    marked = record.cache(
+        rows.join(ids, list(IDENTITY), "left_semi").transform(mark_repeats(maybe, horizon, time="timestamp"))
+    )
+    # Counted by the pass that fills the cache (the gate's or the write's): no pass of its own.
+    marked = record.observe(REPEATS, marked, n=F.count_if(F.col(REPEAT)))
+    return rows.join(ids, list(IDENTITY), "left_anti").unionByName(first_copies(marked))
+
+
+#: A batch of at most this many rows, beside at most this many of silver's in the horizon (by the
+#: logs' counts), finds its suspects in the driver: identity columns and an event time, about 60
+#: bytes a row in Arrow, so under 30 MB a side.
+HELD_IDENTITIES = 500_000
+
+
+def _held_suspects(batch: Batch, earliest: datetime | None, horizon: timedelta) -> pa.Table | None:
+    """The batch's suspects (:func:`silver.dedup.held_suspects`; at most as many as its rows),
+    found in the driver from the batch's identity columns and silver's in the horizon before
+    ``earliest``, read from their files with no Spark job. None where the batch or silver's part is
+    not known to be small (at most :data:`HELD_IDENTITIES` rows each, by their logs), for a run
+    over some buckets (whose rows are a part of its commits'), or where the engine reads through
+    Spark only."""
+    added = batch.added
+    if batch.options.buckets or added is None or added.rows > HELD_IDENTITIES:
+        return None
+    ids = batch.tables.held_changes(BRONZE_EVENTS, batch.start, batch.end, IDENTITY)
+    held = None
+    if ids is not None and earliest is not None:
+        columns = (*IDENTITY, "event_time")
+        held = batch.tables.held_since(SILVER_EVENTS, "event_time", earliest - horizon, columns, HELD_IDENTITIES)
+        if held is None:
+            return None
+    return None if ids is None else held_suspects(ids, held)
 
 
 def _may_repeat(batch: Batch, rows: DataFrame, horizon: timedelta) -> bool:

@@ -34,6 +34,11 @@ class DeclaredTables:
     def read_since(self, spec: TableSpec, column: str, since: datetime) -> DataFrame:
         return self._store.read_since(self._mine(spec), column, since)
 
+    def held_since(
+        self, spec: TableSpec, column: str, since: datetime, columns: Sequence[str], max_rows: int
+    ) -> pa.Table | None:
+        return self._store.held_since(self._mine(spec), column, since, columns, max_rows)
+
     def read_windows(self, spec: TableSpec, column: str, after: datetime | None, values: list[datetime]) -> DataFrame:
         return self._store.read_windows(self._mine(spec), column, after, values)
 

@@ -295,6 +295,15 @@ class TableStore(ABC):
         stays at the version read: computed again after a later commit, it gives the same rows."""
         return self.read(spec).where(F.col(column) >= F.lit(since))
 
+    def held_since(
+        self, spec: TableSpec, column: str, since: datetime, columns: Sequence[str], max_rows: int
+    ) -> pa.Table | None:
+        """:meth:`read_since`'s rows, ``columns`` only (data columns, not partition ones), read
+        into the driver with no Spark job where the files its statistics keep hold at most
+        ``max_rows`` rows by the log's counts. None where they may hold more, where a kept file's
+        count is unknown, or where the engine reads through Spark only (here)."""
+        return None
+
     def read_windows(
         self, spec: TableSpec, column: str, after: datetime | None, values: Sequence[datetime] = ()
     ) -> DataFrame:

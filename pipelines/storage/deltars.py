@@ -44,7 +44,7 @@ from pipelines.storage.base import (
     windows_condition,
 )
 from pipelines.storage.bloom import bloom_writer_properties
-from pipelines.storage.file_stats import MayHold, from_time, in_windows, kept_files
+from pipelines.storage.file_stats import MayHold, from_time, in_windows, kept_actions, kept_files, rows_since
 from pipelines.storage.parquet_files import DataFile, scan
 
 #: A MERGE source of at most this many rows is handed to delta-rs whole (a few MB in the driver),
@@ -309,6 +309,18 @@ class DeltaRsStore(TableStore):
 
     def read_since(self, spec: TableSpec, column: str, since: datetime) -> DataFrame:
         return self._pruned(spec, column, from_time(since)).where(F.col(column) >= F.lit(since))
+
+    def held_since(
+        self, spec: TableSpec, column: str, since: datetime, columns: Sequence[str], max_rows: int
+    ) -> pa.Table | None:
+        dt = self._readable(spec, self._table(spec))
+        kept = kept_actions(pa.table(dt.get_add_actions(flatten=True)), column, from_time(since))
+        counts = kept["num_records"] if "num_records" in kept.column_names else None
+        if counts is None or counts.null_count or (pc.sum(counts).as_py() or 0) > max_rows:
+            return None
+        data = pa.schema([f for f in spec.arrow_schema if f.name in columns and f.name not in spec.partition_by])
+        paths = [str(p) for p in kept["path"].to_pylist()]
+        return rows_since(self.files.read_columns(self.path(spec), paths, data), column, since)
 
     def read_windows(
         self, spec: TableSpec, column: str, after: datetime | None, values: Sequence[datetime] = ()

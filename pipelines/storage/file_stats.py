@@ -16,10 +16,15 @@ MayHold = Callable[[pa.ChunkedArray, pa.ChunkedArray], pa.ChunkedArray]
 
 
 def kept_files(actions: pa.Table, column: str, may_hold: MayHold) -> list[str]:
-    """The paths of the add actions (``DeltaTable.get_add_actions(flatten=True)``) whose
-    statistics for ``column`` ``may_hold`` the rows asked for. A file without both statistics may
-    hold anything, and is kept. A timestamp's statistics keep milliseconds: its greatest value is
-    below the statistic plus 1 ms."""
+    """The paths of :func:`kept_actions`."""
+    return [str(p) for p in kept_actions(actions, column, may_hold)["path"].to_pylist()]
+
+
+def kept_actions(actions: pa.Table, column: str, may_hold: MayHold) -> pa.Table:
+    """The add actions (``DeltaTable.get_add_actions(flatten=True)``) whose statistics for
+    ``column`` ``may_hold`` the rows asked for. A file without both statistics may hold anything,
+    and is kept. A timestamp's statistics keep milliseconds: its greatest value is below the
+    statistic plus 1 ms."""
     low, high = f"min.{column}", f"max.{column}"
     if low in actions.column_names and high in actions.column_names:
         least, greatest = actions[low], actions[high]
@@ -27,7 +32,12 @@ def kept_files(actions: pa.Table, column: str, may_hold: MayHold) -> list[str]:
             greatest = pc.add(greatest, pa.scalar(timedelta(milliseconds=1), pa.duration(greatest.type.unit)))
         known = pc.and_(pc.is_valid(least), pc.is_valid(greatest))
         actions = actions.filter(pc.or_kleene(pc.invert(known), may_hold(least, greatest)))
-    return [str(p) for p in actions["path"].to_pylist()]
+    return actions
+
+
+def rows_since(table: pa.Table, column: str, since: datetime) -> pa.Table:
+    """The rows of ``table`` whose ``column`` (a timestamp) is ``since`` or later."""
+    return table.filter(pc.greater_equal(table[column], _scalar(since, table.schema.field(column).type)))
 
 
 def from_time(since: datetime) -> MayHold:

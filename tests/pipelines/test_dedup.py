@@ -19,6 +19,7 @@ from pyspark.sql import SparkSession
 from pipelines.config.settings import load_settings
 from pipelines.demo.data import PAGE_CHANGE_FILES
 from pipelines.dev.services import KafkaBroker
+from pipelines.flows import silver as silver_flow
 from pipelines.runtime import ingest, passes
 from pipelines.runtime.eventlog import PIPELINE_EVENTS
 from pipelines.runtime.runner import Context
@@ -76,8 +77,19 @@ def dropped(ctx: Context) -> int:
     return sum(int((r["metrics"] or {}).get("duplicates_dropped", 0)) for r in log)
 
 
+@pytest.fixture(params=["in-driver", "in-spark"])
+def suspects_in(request: pytest.FixtureRequest, engine: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Where a batch's suspects are found: in the driver (delta-rs, a batch and a part of silver
+    known to be small) or by a Spark aggregation (``HELD_IDENTITIES`` at 0)."""
+    if request.param == "in-driver" and engine == "delta-spark":
+        pytest.skip("delta-spark reads through Spark only: its suspects are found in Spark")
+    if request.param == "in-spark":
+        monkeypatch.setattr(silver_flow, "HELD_IDENTITIES", 0)
+    return str(request.param)
+
+
 def test_repeats_within_a_batch_across_batches_and_across_files_are_counted_once(
-    spark: SparkSession, engine: str, tmp_path: Path, sent_once: Callable[[int], Any]
+    spark: SparkSession, engine: str, suspects_in: str, tmp_path: Path, sent_once: Callable[[int], Any]
 ) -> None:
     twice = make_ctx(spark, tmp_path / "twice", engine)
     # Batch 1: a file with three lines sent twice, and a second file overlapping the first.
@@ -150,19 +162,22 @@ class Crash(Exception):
 
 
 def test_a_crash_between_the_dedup_read_and_the_commit_leaves_silver_as_one_clean_run_would(
-    spark: SparkSession, engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    spark: SparkSession, engine: str, suspects_in: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ctx = make_ctx(spark, tmp_path / "lake", engine)
     ingest.ingest_files(ctx, "events", [write(tmp_path / "a.jsonl", STREAM[:20])])
     passes.silver_events(ctx)
     ingest.ingest_files(ctx, "events", [write(tmp_path / "b.jsonl", STREAM[10:30] + STREAM[12:14])])
     engine_store = type(ctx.store)
-    real_read_since, real_append = engine_store.read_since, engine_store.append
+    real_append = engine_store.append
     reads: list[TableSpec] = []
 
-    def reading(self: TableStore, spec: TableSpec, *args: Any) -> Any:
-        reads.append(spec)
-        return real_read_since(self, spec, *args)
+    def reading(real: Callable[..., Any]) -> Callable[..., Any]:
+        def read(self: TableStore, spec: TableSpec, *args: Any) -> Any:
+            reads.append(spec)
+            return real(self, spec, *args)
+
+        return read
 
     def crash(self: TableStore, spec: TableSpec, *args: Any, **kw: Any) -> int:
         if spec == SILVER_EVENTS:
@@ -170,7 +185,8 @@ def test_a_crash_between_the_dedup_read_and_the_commit_leaves_silver_as_one_clea
             raise Crash("killed between the dedup read and the commit")
         return real_append(self, spec, *args, **kw)
 
-    monkeypatch.setattr(engine_store, "read_since", reading)
+    monkeypatch.setattr(engine_store, "read_since", reading(engine_store.read_since))
+    monkeypatch.setattr(engine_store, "held_since", reading(engine_store.held_since))
     monkeypatch.setattr(engine_store, "append", crash)
     with pytest.raises(Crash):
         passes.silver_events(ctx)

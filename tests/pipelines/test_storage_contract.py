@@ -460,6 +460,29 @@ def test_read_windows_reads_the_rows_of_those_windows_from_their_files_alone(
         assert files_scanned(again) == 3  # 01:00, 04:00 and 05:00
 
 
+def test_held_since_reads_the_files_the_horizon_keeps_into_the_driver_up_to_a_bound(
+    store: TableStore, spark: SparkSession
+) -> None:
+    """Six hourly files of two rows: the rows from 03:30 on are read into the driver (``k`` and
+    ``ts``, not the partition column) where the files kept hold at most the rows asked for, by the
+    log's counts; over the bound, or on an engine that reads through Spark only, None."""
+    store.ensure(SPEC)
+    for h in range(6):
+        at = T0 + timedelta(hours=h)
+        store.append(SPEC, rows(spark, [(f"k{h}", 1, h, at), (f"j{h}", 1, h, at + timedelta(minutes=30))]).coalesce(1))
+    since = T0 + timedelta(hours=3, minutes=30)
+    held = store.held_since(SPEC, "ts", since, ["k", "ts", "part"], max_rows=6)
+    if isinstance(store, DeltaSparkStore):
+        assert held is None
+        return
+    assert held is not None and held.column_names == ["k", "ts"]
+    got = sorted(zip(held["k"].to_pylist(), held["ts"].to_pylist(), strict=True))
+    hours = [(3, 30), (4, 0), (4, 30), (5, 0), (5, 30)]
+    want = sorted((f"{'j' if m else 'k'}{h}", T0 + timedelta(hours=h, minutes=m)) for h, m in hours)
+    assert got == want
+    assert store.held_since(SPEC, "ts", since, ["k"], max_rows=5) is None  # three files, six rows
+
+
 def test_read_windows_takes_naive_times_as_local_time_as_pyspark_hands_them_out(
     store: TableStore, spark: SparkSession
 ) -> None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from silver.dedup import REPEAT, first_copies, mark_repeats, recent_identities, suspects
+from silver.dedup import REPEAT, first_copies, held_suspects, mark_repeats, recent_identities, suspects
 
 T0 = datetime(2024, 6, 1, tzinfo=UTC)
 HOUR = timedelta(hours=1)
@@ -90,3 +91,21 @@ def test_suspects_are_the_identities_held_twice_in_the_batch_or_held_by_silver(s
         got = {(r["team_id"], r["uuid"]): (r["_first"], r["_last"]) for r in suspects(batch, silver, few=few).collect()}
         assert got == {(1, "a"): (None, None), (1, "c"): (naive - HOUR, naive)}, few
     assert {(r["team_id"], r["uuid"]) for r in suspects(batch, None).collect()} == {(1, "a")}
+
+
+def test_suspects_held_in_the_driver_are_the_identities_held_twice_in_the_batch_or_held_by_silver() -> None:
+    """The batch and silver of the test above, as Arrow identity columns in the driver."""
+    batch = pa.table(
+        {
+            "team_id": pa.array([1, 1, 1, 1, 2, 1, 1], pa.int64()),
+            "uuid": ["a", "a", "b", "c", "c", None, None],  # a twice; c of team 1 held by silver
+        }
+    )
+    times = pa.array([T0 - HOUR, T0, T0], pa.timestamp("us", "UTC"))
+    silver = pa.table({"team_id": pa.array([1, 1, 3], pa.int64()), "uuid": ["c", "c", "z"], "event_time": times})
+    got = {(r["team_id"], r["uuid"]): (r["_first"], r["_last"]) for r in held_suspects(batch, silver).to_pylist()}
+    assert got == {(1, "a"): (None, None), (1, "c"): (T0 - HOUR, T0)}
+    alone = held_suspects(batch, None)
+    assert alone.to_pylist() == [{"team_id": 1, "uuid": "a", "_first": None, "_last": None}]
+    assert alone.schema.field("_first").type == pa.timestamp("us", "UTC")
+    assert held_suspects(batch.slice(0, 3), silver.slice(2)).num_rows == 1  # a; silver holds only z
