@@ -133,9 +133,11 @@ GOLD_EXPORTED = TableSpec(
     "property_value_exports",
     EXPORTED_SCHEMA,
     description="what ClickHouse holds per tuple and window (the count exported so far)",
-    # A batch's corrections are merged into their windows' files, not into all of what was exported.
+    # A batch's corrections are merged into their windows' files, not into all of what was
+    # exported; a MERGE reads every file whose windows cover theirs and rewrites the ones it
+    # changes whole, so the files are small.
     cluster_by=(WINDOW_START,),
-    file_rows=100_000,
+    file_rows=10_000,
 )
 EXPORT_OUTBOX = TableSpec(
     "_meta",
