@@ -348,7 +348,15 @@ def _export(
     # by name are read through the catalog only, so their batches are sent sorted by key.
     in_files = tables.streams_commit_files(EXPORT_OUTBOX)
     outbox_txn = AppTxn(FILES_APP if in_files else APP, seq)
-    outbox_version = gate.write(lambda rows: tables.append(EXPORT_OUTBOX, rows, [outbox_txn]))
+    # Provably small (the cut counted at most HELD_BATCH_ROWS rows to send; the gate only drops):
+    # collected from the run's cache, as the gate checks them, and written by the driver where the
+    # store writes there, with no Spark write job. A larger batch is written by Spark.
+    held = in_files and tables.writes_in_driver and batch.figures.rows <= HELD_BATCH_ROWS
+
+    def write(rows: DataFrame) -> int:
+        return tables.append(EXPORT_OUTBOX, rows.toArrow() if held else rows, [outbox_txn])
+
+    outbox_version = gate.write(write)
     # A gate's drop check may have kept fewer rows than the batch counted: count what it kept.
     figures = batch.figures if gate.kept_all else batch_figures(gate.rows)
     sent = export.deliver(seq, gate.rows, figures, outbox_version if in_files else None)

@@ -90,6 +90,10 @@ class DeclaredTables:
     def streams_commit_files(self, spec: TableSpec) -> bool:
         return self._store.streams_commit_files(self._mine(spec))
 
+    @property
+    def writes_in_driver(self) -> bool:
+        return self._store.writes_in_driver
+
     def stream_added(
         self, spec: TableSpec, version: int, columns: Sequence[str]
     ) -> AbstractContextManager[pa.RecordBatchReader]:

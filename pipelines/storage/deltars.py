@@ -69,6 +69,7 @@ def _commit_properties(txns: Sequence[AppTxn], operation: str | None = None) -> 
 class DeltaRsStore(TableStore):
     engine = "delta-rs"
     checks_before_commit = True
+    writes_in_driver = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

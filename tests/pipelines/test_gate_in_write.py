@@ -11,6 +11,7 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -174,8 +175,17 @@ def outbox_rows(spark: SparkSession, counts: list[int]) -> DataFrame:
     )
 
 
+#: How the export writes its outbox: a frame Spark writes, or a small batch collected into the
+#: driver (the gate's checks run as it is collected) and written from there.
+OUTBOX_WRITES: dict[str, Callable[[DataFrame], DataFrame | pa.Table]] = {
+    "by Spark": lambda rows: rows,
+    "from the driver": lambda rows: rows.toArrow(),
+}
+
+
+@pytest.mark.parametrize("written", list(OUTBOX_WRITES))
 def test_the_export_outbox_write_checks_its_gate_in_the_same_pass(
-    spark: SparkSession, engine_settings: Callable[..., Settings], tmp_path: Path
+    spark: SparkSession, engine_settings: Callable[..., Settings], tmp_path: Path, written: str
 ) -> None:
     # The suite's two checks on figures (ClickHouse against the exported state) are table checks,
     # run by `medallion validate`: a batch gate has no figures, and they do not keep it from the write.
@@ -185,21 +195,22 @@ def test_the_export_outbox_write_checks_its_gate_in_the_same_pass(
     ctx.store.ensure(EXPORT_OUTBOX)
     record = RunRecord("export.clickhouse")
     gate = gate_in_write(ctx, record, "clickhouse/property_values", rows, EXPORT_TXN)
-    gate.write(lambda rows: ctx.store.append(EXPORT_OUTBOX, rows, [EXPORT_TXN]))
+    gate.write(lambda rows: ctx.store.append(EXPORT_OUTBOX, OUTBOX_WRITES[written](rows), [EXPORT_TXN]))
     assert sorted(r["count"] for r in ctx.store.read(EXPORT_OUTBOX).collect()) == [1, 2, 4]
     assert calls.value == 3 and gate.kept_all
     assert outcomes(record) == EXPORT_PASSED_ON_3
 
 
+@pytest.mark.parametrize("written", list(OUTBOX_WRITES))
 def test_an_export_row_failing_a_fail_check_stops_the_outbox_write_before_its_commit(
-    spark: SparkSession, engine_settings: Callable[..., Settings], tmp_path: Path
+    spark: SparkSession, engine_settings: Callable[..., Settings], tmp_path: Path, written: str
 ) -> None:
     ctx = context(spark, engine_settings, tmp_path / "lake")
     ctx.store.ensure(EXPORT_OUTBOX)
     record = RunRecord("export.clickhouse")
     gate = gate_in_write(ctx, record, "clickhouse/property_values", outbox_rows(spark, [1, 0, 2]), EXPORT_TXN)
     with pytest.raises(ExpectationFailed, match=r"count_positive .* failed: 1 of 3 rows"):
-        gate.write(lambda rows: ctx.store.append(EXPORT_OUTBOX, rows, [EXPORT_TXN]))
+        gate.write(lambda rows: ctx.store.append(EXPORT_OUTBOX, OUTBOX_WRITES[written](rows), [EXPORT_TXN]))
     assert (
         ctx.store.read(EXPORT_OUTBOX).count() == 0 and ctx.store.txn_version(EXPORT_OUTBOX, EXPORT_TXN.app_id) is None
     )
