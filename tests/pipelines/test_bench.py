@@ -307,6 +307,7 @@ def test_fixed_costs_time_a_noop_and_a_one_event_run_of_every_event_path_job(
         assert r["statuses"] == ["noop: noop", "one_event: ok"], (name, r["statuses"])
         assert 0 < r["noop"]["min"] <= r["noop"]["median"] <= r["noop"]["max"]
         assert 0 < r["one_event"]["min"] <= r["one_event"]["median"] <= r["one_event"]["max"]
+        assert r["runs"] == result["repeats"] == 1, name  # XS runs them once, as its stages
     assert "## Per-run fixed costs" in (out / "bench.md").read_text()
 
 

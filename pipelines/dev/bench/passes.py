@@ -27,11 +27,17 @@ FIXED_COST_STEPS: tuple[tuple[str, Callable[[Context, bool], Any]], ...] = (
 )
 
 
-def fixed_costs(b: Bench, ctx: Context, w: Workload, passes_into: str = "pass_costs") -> list[dict[str, Any]]:
+#: The fewest 1-event runs the fixed costs take after their warm-up, at sizes above XS.
+FIXED_COST_RUNS = 3
+
+
+def fixed_costs(
+    b: Bench, ctx: Context, w: Workload, passes_into: str = "pass_costs", repeats: int | None = None
+) -> list[dict[str, Any]]:
     """What each event-path job costs on its own, once the session is up, on the lake a chain
     run left: on an empty increment (a no-op run) and on a 1-event increment (one new event
     landed, then each job in order; the export drains, so it sends the event's tuples). Median,
-    min and max of ``repeats`` runs after a warm-up.
+    min and max of ``repeats`` runs after a warm-up (None: the bench's).
 
     Beside them, into ``b.extra[passes_into]``: whole passes of every flow, as ``run all --once``
     runs them (no drain), empty and after 1 event landed, and after 1 event with queries run
@@ -57,7 +63,8 @@ def fixed_costs(b: Bench, ctx: Context, w: Workload, passes_into: str = "pass_co
         ingest.ingest_files(ctx, "events", [path])
 
     passes: dict[str, list[list[PassStep]]] = {"noop": [], "one_event": [], "one_event_interpreted": []}
-    for attempt in range(b.repeats + 1):
+    runs = b.repeats if repeats is None else repeats
+    for attempt in range(runs + 1):
         # A whole pass of run all (every flow, as `run all --once` runs them) with nothing new: the
         # previous attempt's last pass left every flow up to date (the warm-up's may find work).
         noop_pass = timed_pass(ctx, f"noop-{attempt}")
@@ -83,6 +90,7 @@ def fixed_costs(b: Bench, ctx: Context, w: Workload, passes_into: str = "pass_co
             "one_event": summary(one[name]),
             # what each run reported, so a reader (and the smoke test) sees the runs did what they say
             "statuses": sorted(f"{run}: {status}" for run, status in statuses[name]),
+            "runs": runs,
         }
         for name, _ in FIXED_COST_STEPS
     ]

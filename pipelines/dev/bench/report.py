@@ -87,7 +87,8 @@ def markdown(result: dict[str, Any]) -> str:
     if result.get("fixed_costs"):
         lines += [
             "",
-            f"## Per-run fixed costs (session up, lake of a chain run at {result['size']})",
+            f"## Per-run fixed costs (session up, lake of a chain run at {result['size']}; "
+            f"median of {result['fixed_costs'][0].get('runs', result['repeats'])} runs after a warm-up)",
             "",
             "| job | no-op run, s (min-max) | 1-event run, s (min-max) |",
             "|---|---:|---:|",

@@ -24,7 +24,7 @@ from pipelines.dev.bench.cold import cold_chain
 from pipelines.dev.bench.freshness import run_freshness
 from pipelines.dev.bench.ingest import ingest_stages
 from pipelines.dev.bench.measure import Bench, Figure, as_dicts, timed, warm_up_first
-from pipelines.dev.bench.passes import fixed_costs
+from pipelines.dev.bench.passes import FIXED_COST_RUNS, fixed_costs
 from pipelines.dev.bench.workloads import PODS, SCALED_SIZES, SIZES, Workload, generate
 from pipelines.runtime import ingest, passes
 from pipelines.runtime.runner import Context
@@ -365,7 +365,10 @@ def run_bench(
             say("freshness under load: Kafka at fixed rates beside ingest kafka and run all")
             b.extra["freshness"] = run_freshness(out, say=say)
     say("per-run fixed costs: no-op and 1-event runs")
-    b.extra["fixed_costs"] = fixed_costs(b, ctx, w)
+    # A few seconds a run: at least FIXED_COST_RUNS of them beside sizes whose chain runs once (L),
+    # so a figure is a median, not one run on a shared machine; XS checks that they run, once.
+    one_event_runs = b.repeats if size.name == "XS" else max(b.repeats, FIXED_COST_RUNS)
+    b.extra["fixed_costs"] = fixed_costs(b, ctx, w, repeats=one_event_runs)
     if full:
         say("reduction by pods, dedup by window, buffer growth")
         b.extra["reduction"] = reduction(b, w)
@@ -384,7 +387,7 @@ def run_bench(
             small = chain(b, sw, record=False, scale_into=scaling[name], rss_into=rss[name])
             if not full and name == "S":
                 say("per-run fixed costs on the S lake, beside L's")
-                b.extra["fixed_costs_small"] = fixed_costs(b, small, sw, "pass_costs_small")
+                b.extra["fixed_costs_small"] = fixed_costs(b, small, sw, "pass_costs_small", one_event_runs)
     b.extra["scaling"] = {
         "sizes": {n: SIZES[n].events for n in scaling},
         "seconds": scaling,
