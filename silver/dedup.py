@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from functools import reduce
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Window
@@ -29,6 +30,9 @@ IDENTITY = ("team_id", "uuid")
 #: Bronze's columns (and its change feed's) that give the order events landed in, then the content
 #: that breaks ties between copies landed together.
 LANDING_ORDER = ("_commit_version", "source_file", "partition", "offset", "raw")
+#: Where a bronze row landed: its commit, file, Kafka partition and offset (a file's line is its
+#: offset). Two rows of a batch share it only where one place was landed twice.
+LANDED_AT = LANDING_ORDER[:-1]
 REPEAT = "_repeat"
 
 
@@ -130,6 +134,61 @@ def held_suspects(ids: pa.Table, held: pa.Table | None, identity: Sequence[str] 
     grouped = copies.join(seen, keys, join_type="left outer")
     twice = pc.or_(pc.greater(grouped["count_all"], 1), pc.is_valid(grouped["_first"]))
     return grouped.filter(twice).select([*keys, "_first", "_last"])
+
+
+def held_repeats(
+    rows: pa.Table, seen: pa.Table, horizon: timedelta, time: str = "timestamp", identity: Sequence[str] = IDENTITY
+) -> pa.Table | None:
+    """:func:`mark_repeats` decided in the driver, for a batch held there: ``rows``, the batch's
+    identity, :data:`LANDED_AT` and ``time`` columns; ``seen``, its suspects (:func:`held_suspects`),
+    the only identities that can repeat. The repeats, by identity and :data:`LANDED_AT` (which name
+    a row of bronze); None where those do not decide them: two of a suspect's rows landed at one
+    place (only their content orders them) or one has no event time."""
+    keys, named = list(identity), [*identity, *LANDED_AT]
+    mine = rows.select([*named, time]).join(seen, keys, join_type="inner")
+    if not mine.num_rows:
+        return mine.select(named)
+    if mine[time].null_count:
+        return None
+    mine = mine.sort_by([(c, "ascending", "at_end") for c in named])
+    again = reduce(np.logical_and, [_as_before(mine[c]) for c in keys])  # not its identity's first row
+    if (again & reduce(np.logical_and, [_as_before(mine[c]) for c in LANDED_AT])).any():
+        return None
+    t, limit = _micros(mine[time]), micros(horizon)
+    first_copy = np.maximum.accumulate(np.where(again, 0, np.arange(mine.num_rows)))
+    in_batch = again & (np.abs(t - t[first_copy]) <= limit)
+    held = pc.is_valid(mine["_first"]).to_numpy(zero_copy_only=False)
+    first, last = _micros(mine["_first"]), _micros(mine["_last"])
+    near = (np.abs(t - first) <= limit) | (np.abs(t - last) <= limit) | ((first <= t) & (t <= last))
+    return mine.filter(pa.array(in_batch | (held & near))).select(named)
+
+
+def _as_before(column: pa.ChunkedArray) -> np.ndarray:
+    """Per row of a column: whether it holds what the row before holds (null as null)."""
+    now, before = column[1:], column[:-1]
+    same = pc.or_(pc.fill_null(pc.equal(now, before), False), pc.and_(pc.is_null(now), pc.is_null(before)))
+    return np.concatenate([[False], same.to_numpy(zero_copy_only=False)]).astype(bool)
+
+
+def _micros(times: pa.ChunkedArray) -> np.ndarray:
+    """A timestamp column as microseconds since the epoch (null as 0: masked by the caller)."""
+    us = times.cast(pa.timestamp("us", getattr(times.type, "tz", None)))
+    return pc.fill_null(us.cast(pa.int64()), 0).to_numpy(zero_copy_only=False)
+
+
+def mark_held_repeats(repeats: DataFrame, identity: Sequence[str] = IDENTITY) -> Callable[[DataFrame], DataFrame]:
+    """Rows of a batch -> the same rows with ``_repeat`` (as :func:`mark_repeats` marks them):
+    true for those ``repeats`` names by identity and :data:`LANDED_AT` (:func:`held_repeats`).
+    One broadcast join, as small as the repeats: no window, no second read of the batch."""
+    named = [*identity, *LANDED_AT]
+
+    def transform(rows: DataFrame) -> DataFrame:
+        found = repeats.select(*(F.col(c).alias(f"_at{i}") for i, c in enumerate(named)), F.lit(True).alias(REPEAT))
+        at = reduce(lambda a, b: a & b, [rows[c].eqNullSafe(found[f"_at{i}"]) for i, c in enumerate(named)])
+        joined = rows.join(F.broadcast(found), at, "left")
+        return joined.select(*(rows[c] for c in rows.columns), F.coalesce(found[REPEAT], F.lit(False)).alias(REPEAT))
+
+    return transform
 
 
 def first_copies(rows: DataFrame) -> DataFrame:

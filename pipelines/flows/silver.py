@@ -20,10 +20,13 @@ from pipelines.runtime.tables import BRONZE_EVENTS, SILVER_EVENTS, SILVER_PAGE_C
 from silver.buckets import BucketMapping, assign_buckets, in_buckets
 from silver.dedup import (
     IDENTITY,
+    LANDED_AT,
     LANDING_ORDER,
     REPEAT,
     first_copies,
+    held_repeats,
     held_suspects,
+    mark_held_repeats,
     mark_repeats,
     recent_identities,
     suspects,
@@ -116,8 +119,10 @@ def without_repeats(batch: Batch, horizon: timedelta, record: FlowRecord) -> Cal
     small queries, where the general path shuffles three times). Only the
     suspects (:func:`silver.dedup.suspects`: identities the batch or silver holds more than once,
     found in one aggregation of identity columns; in the driver, with no Spark job, where the
-    batch's and silver's identities in the horizon are known to be small, :func:`_held_suspects`)
-    go through the window that finds the first copy;
+    batch's and silver's identities in the horizon are known to be small, :func:`_held_suspects`,
+    which then decides the repeats there too where the rows' landing places order them,
+    :func:`silver.dedup.held_repeats`: the batch is read once, its repeats dropped by where they
+    landed) go through the window that finds the first copy;
     they and their rows are cached, as few as the repeats, by the first pass that reads them (no
     count of its own). Every other row passes by an anti-join with the suspects (broadcast up to
     :data:`BROADCAST_SUSPECTS`), so the gate, the write and the figures each read the batch as they
@@ -138,8 +143,17 @@ def without_repeats(batch: Batch, horizon: timedelta, record: FlowRecord) -> Cal
             earliest = first[0].astimezone(UTC) if first and first[0] is not None else None
         found = _held_suspects(batch, earliest, horizon)
         if found is not None:  # found in the driver, with no Spark job
-            n = found.num_rows
-            return _dropping(rows, batch.tables.to_spark(found), n, horizon, record) if n else rows
+            landed, maybe = found
+            if not maybe.num_rows:
+                return rows
+            repeats = held_repeats(landed, maybe, horizon)
+            if repeats is None:  # two rows landed at one place: only Spark's window orders them
+                return _dropping(rows, batch.tables.to_spark(maybe), maybe.num_rows, horizon, record)
+            if not repeats.num_rows:
+                return rows
+            # Decided there too: the batch is read once and its repeats dropped by where they landed.
+            marked = rows.transform(mark_held_repeats(batch.tables.to_spark(repeats)))
+            return first_copies(record.observe(REPEATS, marked, n=F.count_if(F.col(REPEAT))))
         held = None
         if earliest is not None:
             since = earliest - horizon
@@ -182,24 +196,28 @@ def _dropping(rows: DataFrame, maybe: DataFrame, n_suspects: int, horizon: timed
 HELD_IDENTITIES = 500_000
 
 
-def _held_suspects(batch: Batch, earliest: datetime | None, horizon: timedelta) -> pa.Table | None:
-    """The batch's suspects (:func:`silver.dedup.held_suspects`; at most as many as its rows),
-    found in the driver from the batch's identity columns and silver's in the horizon before
-    ``earliest``, read from their files with no Spark job. None where the batch or silver's part is
-    not known to be small (at most :data:`HELD_IDENTITIES` rows each, by their logs), for a run
-    over some buckets (whose rows are a part of its commits'), or where the engine reads through
-    Spark only."""
+#: What the driver reads of a batch held there: identities, where each row landed and its time.
+HELD_BATCH_COLUMNS = (*IDENTITY, *LANDED_AT, "timestamp")
+
+
+def _held_suspects(batch: Batch, earliest: datetime | None, horizon: timedelta) -> tuple[pa.Table, pa.Table] | None:
+    """(the batch's :data:`HELD_BATCH_COLUMNS`, its suspects: :func:`silver.dedup.held_suspects`,
+    at most as many as its rows), found in the driver from the batch's columns and silver's
+    identities in the horizon before ``earliest``, read from their files with no Spark job. None
+    where the batch or silver's part is not known to be small (at most :data:`HELD_IDENTITIES` rows
+    each, by their logs), for a run over some buckets (whose rows are a part of its commits'), or
+    where the engine reads through Spark only."""
     added = batch.added
     if batch.options.buckets or added is None or added.rows > HELD_IDENTITIES:
         return None
-    ids = batch.tables.held_changes(BRONZE_EVENTS, batch.start, batch.end, IDENTITY)
+    ids = batch.tables.held_changes(BRONZE_EVENTS, batch.start, batch.end, HELD_BATCH_COLUMNS)
     held = None
     if ids is not None and earliest is not None:
         columns = (*IDENTITY, "event_time")
         held = batch.tables.held_since(SILVER_EVENTS, "event_time", earliest - horizon, columns, HELD_IDENTITIES)
         if held is None:
             return None
-    return None if ids is None else held_suspects(ids, held)
+    return None if ids is None else (ids, held_suspects(ids, held))
 
 
 def _may_repeat(batch: Batch, rows: DataFrame, horizon: timedelta) -> bool:

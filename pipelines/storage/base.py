@@ -324,8 +324,9 @@ class TableStore(ABC):
         self, spec: TableSpec, start_version: int, end_version: int, columns: Sequence[str]
     ) -> pa.Table | None:
         """The change feed of commits ``start..end``, ``columns`` only (data columns, not partition
-        ones, and ``_change_type``), read into the driver with no Spark job: for a feed known to be
-        small (:meth:`change_rows`). None where the engine reads it through Spark only (here)."""
+        ones, ``_change_type``, and ``_commit_version`` where named), read into the driver with no
+        Spark job: for a feed known to be small (:meth:`change_rows`). None where the engine reads
+        it through Spark only (here)."""
         return None
 
     def read_inserted(self, spec: TableSpec, start_version: int, end_version: int | None = None) -> DataFrame:

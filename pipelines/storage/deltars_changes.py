@@ -74,14 +74,22 @@ def held_changes(
     files: TableFiles, spec: TableSpec, table_uri: str, groups: ChangeFiles, columns: Sequence[str]
 ) -> pa.Table:
     """The change feed's rows as :func:`read_changes` reads them, ``columns`` only (data columns,
-    not partition ones, and ``_change_type``), read into the driver from the same files."""
+    not partition ones, ``_change_type``, and ``_commit_version`` where asked for), read into the
+    driver from the same files."""
     data = [f for f in spec.arrow_schema if f.name in columns and f.name not in spec.partition_by]
     schema = pa.schema([*data, pa.field(CHANGE_TYPE, pa.string())])
+    versioned = COMMIT_VERSION in columns
+    out = schema.append(pa.field(COMMIT_VERSION, pa.int64())) if versioned else schema
     parts = []
     for kind, named in groups.items():
-        if named:
-            read = files.read_columns(table_uri, sorted(named), schema)
+        if not named:
+            continue
+        # A file at a time where each row says its commit's version, else a kind's files at once.
+        for paths in [[p] for p in sorted(named)] if versioned else [sorted(named)]:
+            read = files.read_columns(table_uri, paths, schema)
             if kind != "cdc":  # a commit's added or removed files: its inserts or deletes
                 read = read.set_column(len(data), CHANGE_TYPE, pa.array([kind] * read.num_rows, pa.string()))
+            if versioned:
+                read = read.append_column(COMMIT_VERSION, pa.array([named[paths[0]][0]] * read.num_rows, pa.int64()))
             parts.append(read)
-    return pa.concat_tables(parts) if parts else schema.empty_table()
+    return pa.concat_tables(parts) if parts else out.empty_table()

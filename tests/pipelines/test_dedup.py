@@ -77,12 +77,16 @@ def dropped(ctx: Context) -> int:
     return sum(int((r["metrics"] or {}).get("duplicates_dropped", 0)) for r in log)
 
 
-@pytest.fixture(params=["in-driver", "in-spark"])
+@pytest.fixture(params=["in-driver", "suspects-in-driver", "in-spark"])
 def suspects_in(request: pytest.FixtureRequest, engine: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Where a batch's suspects are found: in the driver (delta-rs, a batch and a part of silver
-    known to be small) or by a Spark aggregation (``HELD_IDENTITIES`` at 0)."""
-    if request.param == "in-driver" and engine == "delta-spark":
+    """Where a batch's suspects and repeats are found: both in the driver (delta-rs, a batch and a
+    part of silver known to be small), the suspects there and the repeats by Spark's window (as
+    where two rows landed at one place: ``held_repeats`` undecided), or both by Spark
+    (``HELD_IDENTITIES`` at 0)."""
+    if request.param != "in-spark" and engine == "delta-spark":
         pytest.skip("delta-spark reads through Spark only: its suspects are found in Spark")
+    if request.param == "suspects-in-driver":
+        monkeypatch.setattr(silver_flow, "held_repeats", lambda *_, **__: None)
     if request.param == "in-spark":
         monkeypatch.setattr(silver_flow, "HELD_IDENTITIES", 0)
     return str(request.param)

@@ -7,7 +7,15 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from silver.dedup import REPEAT, first_copies, held_suspects, mark_repeats, recent_identities, suspects
+from silver.dedup import (
+    REPEAT,
+    first_copies,
+    held_repeats,
+    held_suspects,
+    mark_repeats,
+    recent_identities,
+    suspects,
+)
 
 T0 = datetime(2024, 6, 1, tzinfo=UTC)
 HOUR = timedelta(hours=1)
@@ -109,3 +117,53 @@ def test_suspects_held_in_the_driver_are_the_identities_held_twice_in_the_batch_
     assert alone.to_pylist() == [{"team_id": 1, "uuid": "a", "_first": None, "_last": None}]
     assert alone.schema.field("_first").type == pa.timestamp("us", "UTC")
     assert held_suspects(batch.slice(0, 3), silver.slice(2)).num_rows == 1  # a; silver holds only z
+
+
+#: The batch of the first test, its rows as Arrow columns in the driver (``row``'s fields), with
+#: the repeats it marks there (hand-written: see that test).
+HELD_ROWS = [
+    row(1, "a", timedelta(0), 2, None, 7, "repeat: a, first by offset in a later commit"),
+    row(1, "a", timedelta(0), 2, None, 9, "repeat: a, kafka retry"),
+    row(1, "a", timedelta(minutes=5), 1, "f.jsonl", None, "kept: a, first by commit"),
+    row(2, "a", timedelta(0), 2, None, 3, "kept: same uuid, other team"),
+    row(1, "b", timedelta(0), 1, "f.jsonl", None, "kept: b, first"),
+    row(1, "b", 3 * HOUR, 2, "g.jsonl", None, "kept: b, beyond the horizon of the first"),
+    row(1, "c", timedelta(minutes=1), 1, "f.jsonl", None, "repeat: c, silver holds it"),
+    row(1, "d", 5 * HOUR, 1, "f.jsonl", None, "kept: d, silver's copy outside the horizon"),
+    row(1, "e", timedelta(0), 1, "f.jsonl", None, "kept: e, once and silver holds none"),
+]
+LANDED = ("team_id", "uuid", "_commit_version", "source_file", "partition", "offset")
+
+
+def held_batch(rows: list[tuple]) -> pa.Table:
+    names = [c.split()[0] for c in COLUMNS.split(", ")]
+    types = {"team_id": pa.int64(), "timestamp": pa.timestamp("us", "UTC"), "_commit_version": pa.int64()}
+    types |= {"partition": pa.int32(), "offset": pa.int64()}
+    return pa.table({c: pa.array([r[i] for r in rows], types.get(c, pa.string())) for i, c in enumerate(names)})
+
+
+def test_repeats_decided_in_the_driver_are_the_rows_spark_s_window_marks() -> None:
+    batch = held_batch(HELD_ROWS)
+    silver = pa.table(
+        {"team_id": pa.array([1, 1, 3], pa.int64()), "uuid": ["c", "d", "z"], "event_time": pa.array([T0] * 3)}
+    )
+    got = held_repeats(batch, held_suspects(batch, silver), HOUR)
+    assert got is not None and got.column_names == list(LANDED)
+    want = [{c: r[c] for c in LANDED} for r in batch.to_pylist() if r["tag"].startswith("repeat")]
+    key = lambda r: tuple(str(v) for v in r.values())  # noqa: E731
+    assert sorted(got.to_pylist(), key=key) == sorted(want, key=key)
+    alone = held_repeats(batch, held_suspects(batch, None), HOUR)  # silver not consulted: c is kept
+    assert alone is not None and alone.num_rows == 2
+
+
+def test_repeats_are_left_to_spark_where_where_rows_landed_does_not_decide_them() -> None:
+    same_place = [
+        (1, "a", T0, 1, "f.jsonl", None, None, '{"v": 2}', "one line of a file"),
+        (1, "a", T0, 1, "f.jsonl", None, None, '{"v": 1}', "the same place again"),
+    ]
+    batch = held_batch(same_place)
+    assert held_repeats(batch, held_suspects(batch, None), HOUR) is None
+    no_time = held_batch([HELD_ROWS[0], (*HELD_ROWS[1][:2], None, *HELD_ROWS[1][3:])])
+    assert held_repeats(no_time, held_suspects(no_time, None), HOUR) is None
+    once = held_batch(HELD_ROWS[-1:])
+    assert held_repeats(once, held_suspects(once, None), HOUR).num_rows == 0  # type: ignore[union-attr]
