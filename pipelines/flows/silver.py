@@ -143,17 +143,7 @@ def without_repeats(batch: Batch, horizon: timedelta, record: FlowRecord) -> Cal
             earliest = first[0].astimezone(UTC) if first and first[0] is not None else None
         found = _held_suspects(batch, earliest, horizon)
         if found is not None:  # found in the driver, with no Spark job
-            landed, maybe = found
-            if not maybe.num_rows:
-                return rows
-            repeats = held_repeats(landed, maybe, horizon)
-            if repeats is None:  # two rows landed at one place: only Spark's window orders them
-                return _dropping(rows, batch.tables.to_spark(maybe), maybe.num_rows, horizon, record)
-            if not repeats.num_rows:
-                return rows
-            # Decided there too: the batch is read once and its repeats dropped by where they landed.
-            marked = rows.transform(mark_held_repeats(batch.tables.to_spark(repeats)))
-            return first_copies(record.observe(REPEATS, marked, n=F.count_if(F.col(REPEAT))))
+            return _dropping_held(rows, batch, *found, horizon, record)
         held = None
         if earliest is not None:
             since = earliest - horizon
@@ -171,6 +161,24 @@ def without_repeats(batch: Batch, horizon: timedelta, record: FlowRecord) -> Cal
         return _dropping(rows, maybe, maybe.count(), horizon, record)  # the count materializes the cache
 
     return transform
+
+
+def _dropping_held(
+    rows: DataFrame, batch: Batch, landed: pa.Table, maybe: pa.Table, horizon: timedelta, record: FlowRecord
+) -> DataFrame:
+    """The batch's rows without the repeats among its suspects found in the driver (``maybe``, with
+    ``landed``: where each held row landed, :func:`_held_suspects`): decided there too where the
+    rows' landing places order them (the batch is read once and its repeats dropped by a broadcast
+    join), by Spark's window where two rows landed at one place."""
+    if not maybe.num_rows:
+        return rows
+    repeats = held_repeats(landed, maybe, horizon)
+    if repeats is None:  # two rows landed at one place: only Spark's window orders them
+        return _dropping(rows, batch.tables.to_spark(maybe), maybe.num_rows, horizon, record)
+    if not repeats.num_rows:
+        return rows
+    marked = rows.transform(mark_held_repeats(batch.tables.to_spark(repeats)))
+    return first_copies(record.observe(REPEATS, marked, n=F.count_if(F.col(REPEAT))))
 
 
 def _dropping(rows: DataFrame, maybe: DataFrame, n_suspects: int, horizon: timedelta, record: FlowRecord) -> DataFrame:

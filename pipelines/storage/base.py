@@ -210,8 +210,7 @@ class TableStore(ABC):
     #: commits them (``before_commit``): delta-rs commits files Spark wrote, while Delta on Spark
     #: commits inside the write, and its public API has no step between the two.
     checks_before_commit: bool = False
-    #: Whether rows held in the driver (Arrow) are written by the driver itself, with no Spark
-    #: job: delta-rs writes and commits them there, while Delta on Spark writes through Spark.
+    #: Whether rows held in the driver (Arrow) are written there, with no Spark job (delta-rs).
     writes_in_driver: bool = False
 
     def __init__(self, spark: SparkSession | None, lake_root: str, storage_options: Mapping[str, str] | None = None):
