@@ -13,17 +13,16 @@ import functools
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar
 
-from pyspark.sql import DataFrame, Observation
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from expectations import batch
 from expectations.core import Check, Suite
-from expectations.predicates import failing, failing_sums, stops_on
+from expectations.predicates import failing, failing_sums
 
 log = logging.getLogger("medallion")
 
@@ -152,9 +151,9 @@ def _counts(check: Check, result: Any, rows: int | None) -> tuple[int | None, in
     )
 
 
-def _total_result(suite: Suite, check: Check, rows: int | None, value: int) -> Result:
+def total_result(suite: Suite, check: Check, rows: int | None, value: int) -> Result:
     """The result of a check on a total of the batch (a sum) that came out ``value``."""
-    return _batch_result(suite, check, rows, None, check.total_holds(value), f"observed {value:,}")
+    return batch_result(suite, check, rows, None, check.total_holds(value), f"observed {value:,}")
 
 
 def _exception(info: Any) -> str | None:
@@ -205,7 +204,7 @@ def _figures_results(suite: Suite, figures: DataFrame, checks: list[Check]) -> l
     return results
 
 
-def _batch_result(
+def batch_result(
     suite: Suite, check: Check, rows: int | None, failed: int | None, success: bool, observed: str | None
 ) -> Result:
     """The result of a check on the whole batch that Spark counted (a total, a query's rows)."""
@@ -262,7 +261,7 @@ def row_counts(
     )
 
 
-def _row_results(suite: Suite, checks: list[Check], rows: int, failed_rows: list[int]) -> list[Result]:
+def row_results(suite: Suite, checks: list[Check], rows: int, failed_rows: list[int]) -> list[Result]:
     return [
         Result(
             suite.table,
@@ -277,78 +276,6 @@ def _row_results(suite: Suite, checks: list[Check], rows: int, failed_rows: list
         )
         for check, n_failed in zip(checks, failed_rows, strict=True)
     ]
-
-
-#: The text a gate checked in the write raises with when a ``fail`` check does not hold.
-FAILED_IN_WRITE = "medallion: a fail expectation did not hold on a row being written"
-
-
-@dataclass
-class InWrite:
-    """A suite checked as the batch is written (:func:`in_write`): ``rows`` are what to write, and
-    :meth:`validation` gives the results once the write has run."""
-
-    suite: Suite
-    rows: DataFrame
-    _batch: DataFrame
-    _observed: Observation
-    _checks: list[Check]
-    _totals: list[Check]
-    _started: float
-
-    def validation(self, suite: Suite | None = None) -> Validation[DataFrame]:
-        """The results, read from the write's observed figures (call it after the write); ``suite``:
-        the same suite with its parameters known now (its bounds may come from the same write).
-
-        A batch Spark knows to be empty (an increment whose commits added no file) is written without
-        running the observed plan, so Spark has no figures: the batch is counted in a pass of its own."""
-        suite = suite or self.suite
-        try:
-            got = self._observed.get
-        except Exception:  # Spark's error for an observation no action ran
-            log.debug("%s: no observed figures from the write; counting the batch", suite.table, exc_info=True)
-            got = {}
-        if "_rows" in got:
-            rows, failed = int(got["_rows"]), [int(got[f"_f{i}"]) for i in range(len(self._checks))]
-            totals = [int(got[f"_t{i}"]) for i in range(len(self._totals))]
-        else:
-            rows, failed, totals = row_counts(self._batch, suite, self._checks, self._totals)
-        by_name = {r.expectation: r for r in _row_results(suite, self._checks, rows, failed)}
-        bounds = {c.name: c for c in suite.checks}
-        for check, value in zip(self._totals, totals, strict=True):
-            if known := bounds.get(check.name):  # None: the suite as its parameters came out has none
-                by_name[check.name] = _total_result(suite, known, rows, value)
-        results = [by_name[c.name] for c in suite.checks if c.name in by_name]
-        return Validation(suite, results, self.rows, None, time.perf_counter() - self._started)
-
-
-def in_write(df: DataFrame, suite: Suite, totals: bool = False) -> InWrite | None:
-    """``suite`` checked by the write of ``df`` itself, with no pass of its own: failing rows are
-    counted as the write reads them (``DataFrame.observe``), and a row failing a ``fail`` check
-    stops the write before it commits (``raise_error`` with :data:`FAILED_IN_WRITE`; the caller
-    then validates the batch as :func:`validate` does, for the results and the error). With
-    ``totals`` (a write checked between its files and its commit), a check on a total of the batch
-    (a sum) is counted by the write too, and the caller judges it before the commit.
-
-    None when the suite needs the batch before it is written: a check on the whole batch (GX, a
-    uniqueness, a query's rows) or a ``drop`` check. Checks on figures are left out."""
-    checks = [c for c in suite.checks if c.on != "figures"]
-    row_checks = [c for c in checks if c.row_level]
-    total_checks = [c for c in checks if not c.row_level and c.total is not None] if totals else []
-    if (
-        not checks
-        or any(c.on != "rows" or c.policy == "drop" for c in checks)
-        or len(row_checks) + len(total_checks) < len(checks)
-    ):
-        return None
-    started = time.perf_counter()
-    observed = Observation(f"gate_{uuid.uuid4().hex}")
-    sums = [F.expr(c.total or "").cast("long").alias(f"_t{i}") for i, c in enumerate(total_checks)]
-    rows = df.observe(observed, F.count(F.lit(1)).alias("_rows"), *failing_sums(row_checks), *sums)
-    fails = [c for c in row_checks if c.policy == "fail"]
-    if fails:
-        rows = rows.where(stops_on(fails, FAILED_IN_WRITE))
-    return InWrite(suite, rows, df, observed, row_checks, total_checks, started)
 
 
 def validate(
@@ -369,16 +296,16 @@ def validate(
     total_checks = [c for c in suite.checks if c.on == "rows" and c.total is not None]
     if row_checks or total_checks:
         rows, failed_rows, totals = row_counts(df, suite, row_checks, total_checks)
-        by_name.update((r.expectation, r) for r in _row_results(suite, row_checks, rows, failed_rows))
+        by_name.update((r.expectation, r) for r in row_results(suite, row_checks, rows, failed_rows))
         for check, value in zip(total_checks, totals, strict=True):
-            by_name[check.name] = _total_result(suite, check, rows, value)
+            by_name[check.name] = total_result(suite, check, rows, value)
     on_batch = [c for c in suite.checks if c.on == "rows" and not c.row_level and c.total is None]
     counted = [(c, q) for c in on_batch if (q := batch.failing_rows_query(c)) is not None]
     if counted:
         batch_rows, failing = batch.counts(df, counted, suite.table, with_rows=rows is None)
         rows = batch_rows if rows is None else rows
         for (check, _), n_failed in zip(counted, failing, strict=True):
-            by_name[check.name] = _batch_result(suite, check, rows, n_failed, n_failed == 0, None)
+            by_name[check.name] = batch_result(suite, check, rows, n_failed, n_failed == 0, None)
     on_figures = [c for c in suite.checks if c.on == "figures"]
     if figures is not None and on_figures:
         by_name.update((r.expectation, r) for r in _figures_results(suite, figures, on_figures))
@@ -428,12 +355,16 @@ def _gx_results(
     return rows
 
 
+def first_failed(checks: Sequence[Check]) -> Column:
+    """The name of the first of ``checks`` a row fails, else null."""
+    return F.coalesce(*(F.when(failing(c), F.lit(c.name)) for c in checks))
+
+
 def split(df: DataFrame, suite: Suite, results: list[Result]) -> tuple[DataFrame, DataFrame | None]:
     """(rows to write, rows the failed ``drop`` checks remove, tagged with the check's name)."""
     by_name = {c.name: c for c in suite.checks}
     drops = [by_name[r.expectation] for r in results if r.outcome == "dropped"]
     if not drops:
         return df, None
-    first_failed = F.coalesce(*(F.when(failing(c), F.lit(c.name)) for c in drops))
-    tagged = df.withColumn(DROPPED_BY, first_failed)
+    tagged = df.withColumn(DROPPED_BY, first_failed(drops))
     return tagged.where(F.col(DROPPED_BY).isNull()).drop(DROPPED_BY), tagged.where(F.col(DROPPED_BY).isNotNull())

@@ -371,7 +371,7 @@ class WriteGate:
             try:
                 out = write(self.rows, self.passed if early else None)
             except Exception as exc:
-                from expectations.runner import FAILED_IN_WRITE  # Great Expectations: imported when used
+                from expectations.in_write import FAILED_IN_WRITE  # Great Expectations: imported when used
 
                 if FAILED_IN_WRITE in str(exc):
                     self.failed()

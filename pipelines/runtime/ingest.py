@@ -9,12 +9,11 @@ them with their offsets or file digests, as :mod:`pipelines.runtime.incremental`
 from __future__ import annotations
 
 import functools
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame
@@ -22,7 +21,7 @@ from pyspark.sql import functions as F
 
 from bronze.event_values import ParsedValues, parse_event_values
 from bronze.events import BRONZE_EVENTS_COLUMNS, duplicate_keys, parse_events
-from bronze.landing import LANDING_COLUMNS, REASON, quarantined, valid
+from bronze.landing import REASON, quarantined, valid
 from bronze.page_changes import BRONZE_PAGE_CHANGES_COLUMNS, parse_page_changes
 from pipelines.config.spark import observed_as_read
 from pipelines.errors import InputError
@@ -31,11 +30,12 @@ from pipelines.runtime import quality
 from pipelines.runtime.eventlog import RunRecord
 from pipelines.runtime.progress import append_once
 from pipelines.runtime.runner import Context, run_job
+
+if TYPE_CHECKING:
+    from expectations.in_write import InWrite
 from pipelines.runtime.tables import BRONZE_EVENTS, BRONZE_PAGE_CHANGES, BRONZE_QUARANTINE
-from pipelines.sources import kafka
 from pipelines.sources.files import LandingFile, compression_of, file_digests, landing_rows
 from pipelines.storage import AppTxn, TableSpec
-from pipelines.storage.conform import conform
 
 
 @dataclass(frozen=True)
@@ -137,46 +137,6 @@ def parse_landing(
     return landed
 
 
-def land_messages(
-    ctx: Context, record: RunRecord, kind: str, messages: Sequence[Any], batch_id: str, now: datetime
-) -> tuple[pa.Table, pa.Table]:
-    """A flush's messages -> (bronze rows, quarantine rows) in Arrow, validated.
-
-    Events the in-process parser is sure of skip Spark (``kafka.parse_in_process``); the others,
-    and every page change, are parsed by Spark. All rows are then validated in one pass.
-    """
-    spec = KINDS[kind]
-    target, columns = spec.target, spec.columns
-    landing = kafka.landing_rows(messages, batch_id, now)
-    schema = target.arrow_schema
-    good: list[pa.Table] = []
-    bad: list[pa.Table] = []
-    rest = landing
-    if spec.parse_values is not None and ctx.settings.kafka.parse_in_process:
-        settings = ctx.settings
-        parsed = spec.parse_values(
-            [m.value for m in messages], settings.kafka.max_message_bytes, settings.bronze.number_notation
-        )
-        if parsed.accepted:
-            where = landing.take(pa.array(parsed.accepted, pa.int64()))
-            fields = {**{c: parsed.rows[c] for c in parsed.rows.column_names}, **{c: where[c] for c in LANDING_COLUMNS}}
-            good.append(conform(pa.table({c: fields[c] for c in columns}), schema))
-        rest = landing.take(pa.array(parsed.deferred, pa.int64()))
-        record.add(parsed_in_process=len(parsed.accepted), parsed_by_spark=len(parsed.deferred))
-    if rest.num_rows:
-        landed = parse_landing(ctx, record, kind, rest, gate=False)
-        try:
-            # Bounded by --max-batch: the rows of one flush, which commit with their offsets.
-            good.append(conform(landed.good.toArrow(), schema))
-            bad.append(conform(landed.bad.toArrow(), BRONZE_QUARANTINE.arrow_schema))
-            landed.count(record)
-        finally:
-            landed.release()
-    rows = pa.concat_tables(good) if good else schema.empty_table()
-    kept, dropped = quality.gate_arrow(ctx, record, target.key, rows, kind)
-    return kept, pa.concat_tables([*bad, dropped])
-
-
 def _of(files: Sequence[tuple[LandingFile, AppTxn]]) -> Column:
     return F.col("source_file").isin([str(b.path) for b, _ in files])
 
@@ -251,12 +211,14 @@ def ingest_files(ctx: Context, kind: str, paths: Sequence[Path]) -> RunRecord:
             record.noop("every file was landed before" if readable else "no file could be read")
             return
         # Spark reads the files and splits them into records: no row passes through the driver.
-        landing = landing_rows(ctx.spark, [f for f, _ in files], now)
-        landed = parse_landing(ctx, record, kind, landing)
-        try:
-            n_good, n_bad = _commit_files(ctx, record, target, files, landed)
-        finally:
-            landed.release()
+        n_good = n_bad = 0
+        # As many files per commit as the engine records app transactions in one.
+        step = ctx.store.max_txns_per_commit or len(files)
+        for i in range(0, len(files), step):
+            group = files[i : i + step]
+            landing = landing_rows(ctx.spark, [f for f, _ in group], now)
+            good, bad = _land_in_one_pass(ctx, record, kind, group, landing)
+            n_good, n_bad = n_good + good, n_bad + bad
         record.rows_in = n_good + n_bad
         record.rows_out = n_good
         record.add(files=len(files), quarantined=n_bad)
@@ -270,105 +232,90 @@ def ingest_files(ctx: Context, kind: str, paths: Sequence[Path]) -> RunRecord:
     return record
 
 
-def topic_kinds(ctx: Context, topics: Sequence[str] | None = None) -> dict[str, str]:
-    """Topic name -> bronze kind, for the configured topics (or the subset named)."""
-    configured = {
-        ctx.settings.kafka.topics.events: "events",
-        ctx.settings.kafka.topics.page_changes: "page_changes",
-    }
-    if not topics:
-        return configured
-    unknown = [t for t in topics if t not in configured]
-    if unknown:
-        raise InputError(
-            f"unknown topic(s) {', '.join(unknown)}: configured are {', '.join(configured)} "
-            "(MEDALLION_KAFKA__TOPICS__EVENTS / __PAGE_CHANGES)"
-        )
-    return {t: configured[t] for t in topics}
+def _land_in_one_pass(
+    ctx: Context, record: RunRecord, kind: str, files: Sequence[tuple[LandingFile, AppTxn]], landing: DataFrame
+) -> tuple[int, int]:
+    """Files' landing rows parsed, gated and appended to bronze by one Spark job; (good, quarantined).
+
+    The write counts what it reads (the rows, the quarantined ones, the repeated keys, each check's
+    failing rows) and leaves out the rows the parse or a ``drop`` check sends to the quarantine.
+    Only where those figures show any are the quarantine's rows written, by a pass of their own
+    that parses the files again, and before the bronze commit (between its files and its commit),
+    so a redo after a crash between the two finds them recorded and does not quarantine them twice.
+    Where the store cannot run a step before its commit (Delta on Spark), or the suite needs the
+    whole batch before it is written, the batch is parsed once into a cache (:func:`_land_cached`).
+    """
+    from expectations.in_write import in_write  # with the gates' modules: imported when a gate runs
+
+    spec = KINDS[kind]
+    target = spec.target
+    parsed = landing.transform(spec.parse(ctx.settings.kafka.max_message_bytes, ctx.settings.bronze.number_notation))
+    counted = {"rows": F.count(F.lit(1)), "bad": F.count_if(F.col(REASON).isNotNull())}
+    if spec.repeats_keys is not None:
+        counted["duplicate_keys"] = F.count_if(F.col(REASON).isNull() & spec.repeats_keys(parsed))
+    observed, figures = observed_as_read(parsed, **counted)
+    rows = valid(observed, spec.columns)
+    checked = None
+    if quality.enabled(ctx):
+        suite = quality.suite_for(ctx, target.key).for_batches()
+        checked = in_write(rows, suite, drops=True, whole=valid(parsed, spec.columns))
+    if not ctx.store.checks_before_commit or (checked is None and quality.enabled(ctx)):
+        return _land_cached(ctx, record, kind, files, landing)
+    if checked is not None:
+        rows = checked.rows
+    txns = [t for _, t in files]
+    n_bad = 0
+
+    def quarantine_first() -> None:
+        nonlocal n_bad
+        got = figures(query=False)
+        if "duplicate_keys" in got:
+            record.incr(duplicate_keys=int(got["duplicate_keys"]))
+        bad, n_bad = _to_quarantine(ctx, record, kind, parsed, int(got.get("bad", 0)), checked)
+        if bad is not None:
+            append_once(ctx.store, BRONZE_QUARANTINE, bad, txns)
+
+    try:
+        if not append_once(ctx.store, target, rows, txns, before_commit=quarantine_first):
+            return 0, 0
+    except Exception as exc:
+        from expectations.in_write import FAILED_IN_WRITE
+
+        if FAILED_IN_WRITE not in str(exc):
+            raise
+        # A row failed a ``fail`` check and stopped the write: the batch is validated whole, for
+        # the results and the error (nothing was committed).
+        return _land_cached(ctx, record, kind, files, landing)
+    return int(figures()["rows"]) - n_bad, n_bad
 
 
-def _land_topic(
-    ctx: Context,
-    record: RunRecord,
-    result: kafka.FlushResult,
-    kind: str,
-    topic: str,
-    messages: list[Any],
-    batch_id: str,
-    now: datetime,
-) -> None:
-    """One topic's messages of a flush landed, each partition's offsets committed with its rows."""
-    group = ctx.settings.kafka.group_id
-    # A flush's rows were born in this process (the consumer) and are bounded by
-    # --max-batch: they stay in Arrow so each partition's offsets commit with them.
-    good, bad = land_messages(ctx, record, kind, messages, batch_id, now)
-    last = kafka.last_offsets(messages)
-    # Positions come from the target's offsets alone; the quarantine's only keep a redo
-    # from quarantining a row twice, so a flush with nothing to quarantine skips its commit.
-    if bad.num_rows:
-        kafka.write_partitions_once(ctx.store, BRONZE_QUARANTINE, bad, last, group)
-    landed = kafka.write_partitions_once(ctx.store, KINDS[kind].target, good, last, group)
-    result.messages += len(messages)
-    result.landed[topic] = landed
-    result.quarantined += bad.num_rows
-    result.partitions += len(last)
-    record.add(**{f"topic.{topic}.messages": len(messages), f"topic.{topic}.landed": landed})
+def _to_quarantine(
+    ctx: Context, record: RunRecord, kind: str, parsed: DataFrame, n_bad: int, checked: InWrite | None
+) -> tuple[DataFrame | None, int]:
+    """The quarantine rows of a batch the write counted (None when it holds none) and how many: the
+    ``n_bad`` rows the parse refused, and the rows a ``drop`` check left out. The gate's results
+    are recorded; a failed ``fail`` check raises, before any commit."""
+    bad = quarantined(parsed, kind) if n_bad else None
+    if checked is None:
+        return bad, n_bad
+    validation = checked.validation()
+    quality.record_results(record, validation)
+    if validation.failed:
+        raise quality.ExpectationFailed(validation)
+    if not validation.dropped_rows:
+        return bad, n_bad
+    ctx.say(validation.summary())
+    assert validation.dropped is not None
+    dropped = quality.to_quarantine(validation.dropped, kind)
+    return (dropped if bad is None else bad.unionByName(dropped)), n_bad + validation.dropped_rows
 
 
-def _flush_figures(
-    ctx: Context, record: RunRecord, result: kafka.FlushResult, by_topic: Mapping[str, list[Any]], batch_id: str
-) -> None:
-    """A flush's figures on its event-log row, and its progress line."""
-    record.rows_in = result.messages
-    record.rows_out = sum(result.landed.values())
-    record.add(quarantined=result.quarantined, partitions=result.partitions)
-    stamps = [t for ms in by_topic.values() for m in ms if (t := getattr(m, "timestamp", None) or 0) > 0]
-    if stamps:  # the Kafka time of the newest message landed: its age is what an operator alerts on
-        record.add(newest_timestamp=max(stamps) / 1000)
-    record.details = batch_id
-    ctx.say(
-        f"kafka: {result.messages:,} messages from {result.partitions} partition(s) -> "
-        f"{record.rows_out:,} landed, {result.quarantined:,} quarantined"
-    )
-
-
-def ingest_kafka(
-    ctx: Context,
-    topics: Sequence[str] | None = None,
-    *,
-    max_batch: int = 10_000,
-    max_wait: float = 5.0,
-    once: bool = False,
-    stop: threading.Event | None = None,
-) -> kafka.IngestStats:
-    """Consume the topics as one member of the consumer group, landing each flush exactly once."""
-    kinds = topic_kinds(ctx, topics)
-    for kind in set(kinds.values()):
-        ctx.store.ensure(KINDS[kind].target)
-    ctx.store.ensure(BRONZE_QUARANTINE)
-
-    def flush(by_topic: Mapping[str, list[Any]], batch_id: str) -> kafka.FlushResult:
-        result = kafka.FlushResult()
-
-        def body(record: RunRecord) -> None:
-            nonlocal result
-            result = kafka.FlushResult()
-            now = datetime.now(UTC)
-            for topic, messages in by_topic.items():
-                _land_topic(ctx, record, result, kinds[topic], topic, messages, batch_id, now)
-            _flush_figures(ctx, record, result, by_topic, batch_id)
-
-        run_job(ctx, flow_names.INGEST_KAFKA, body)
-        return result
-
-    ingestor = kafka.KafkaIngestor(
-        ctx.settings.kafka,
-        ctx.store,
-        {topic: KINDS[kind].target for topic, kind in kinds.items()},
-        flush,
-        max_batch=max_batch,
-        max_wait=max_wait,
-        once=once,
-        stop=stop,
-    )
-    return ingestor.run()
+def _land_cached(
+    ctx: Context, record: RunRecord, kind: str, files: Sequence[tuple[LandingFile, AppTxn]], landing: DataFrame
+) -> tuple[int, int]:
+    """Files' landing rows parsed once into a cache, gated, and committed; (good, quarantined)."""
+    landed = parse_landing(ctx, record, kind, landing)
+    try:
+        return _commit_files(ctx, record, KINDS[kind].target, files, landed)
+    finally:
+        landed.release()

@@ -5,7 +5,7 @@ the flow's output, so a crash before that commit redoes the work and a crash aft
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -52,14 +52,21 @@ def after(store: TableStore, source: TableSpec, done: int | None, app: str) -> I
     return Increment(source, start, latest, app)
 
 
-def append_once(store: TableStore, spec: TableSpec, data: pa.Table | DataFrame, txn: AppTxn | Sequence[AppTxn]) -> bool:
+def append_once(
+    store: TableStore,
+    spec: TableSpec,
+    data: pa.Table | DataFrame,
+    txn: AppTxn | Sequence[AppTxn],
+    before_commit: Callable[[], None] | None = None,
+) -> bool:
     """Append unless ``spec`` already records ``txn`` (a redo after a crash). True when written.
 
     Several transactions are committed together, so the first one tells for all of them.
+    ``before_commit``: as :meth:`TableStore.append` runs it (where the store can).
     """
     txns = [txn] if isinstance(txn, AppTxn) else list(txn)
     done = store.txn_version(spec, txns[0].app_id)
     if done is not None and done >= txns[0].version:
         return False
-    store.append(spec, data, txns)
+    store.append(spec, data, txns, before_commit=before_commit)
     return True

@@ -167,7 +167,7 @@ def gate_in_write(
     """The gate of a batch appended to ``table``, checked by the write where the suite allows it.
 
     A suite of row-level checks without ``drop`` is counted as the rows are written, and a row
-    failing a ``fail`` check stops the write before its commit (:func:`expectations.runner.in_write`):
+    failing a ``fail`` check stops the write before its commit (:func:`expectations.in_write.in_write`):
     one pass over the batch instead of two. With ``before_commit`` (the store can run a check
     between writing the files and committing them), checks on a total of the batch are counted by
     the write too and judged before the commit. A parameter given as a callable is a figure the
@@ -175,7 +175,7 @@ def gate_in_write(
     on the whole batch, a ``drop``) the batch is cached and validated first, as :func:`gate` does.
     Call ``passed`` after the write (or before its commit), ``failed`` when the write raised: it
     raises :class:`ExpectationFailed` if a check stopped it."""
-    from expectations.runner import FAILED_IN_WRITE, in_write
+    from expectations.in_write import FAILED_IN_WRITE, in_write
 
     def nothing() -> None:
         pass

@@ -20,7 +20,7 @@ from pipelines.config.settings import load_settings
 from pipelines.demo.data import PAGE_CHANGE_FILES
 from pipelines.dev.services import KafkaBroker
 from pipelines.flows import silver as silver_flow
-from pipelines.runtime import ingest, passes
+from pipelines.runtime import ingest, ingest_kafka, passes
 from pipelines.runtime.eventlog import PIPELINE_EVENTS
 from pipelines.runtime.runner import Context
 from pipelines.runtime.tables import SILVER_EVENTS, SILVER_PAGE_CHANGE_STATE, SILVER_PAGE_CHANGES
@@ -253,10 +253,10 @@ def test_kafka_messages_sent_twice_are_one_event(
     monkeypatch.setenv("MEDALLION_GOLD__WINDOW", "30s")
     monkeypatch.setenv("MEDALLION_GOLD__GRACE", "60s")
     ctx = Context(settings=load_settings(), spark=spark, store=open_store(load_settings(), spark))
-    ingest.ingest_kafka(ctx, once=True, max_batch=100, max_wait=0.5)
+    ingest_kafka.ingest_kafka(ctx, once=True, max_batch=100, max_wait=0.5)
     first = passes.silver_events(ctx)
     kafka_broker.produce(topic, messages[6:] + [json.dumps(e).encode() for e in STREAM[10:12]])
-    ingest.ingest_kafka(ctx, once=True, max_batch=100, max_wait=0.5)
+    ingest_kafka.ingest_kafka(ctx, once=True, max_batch=100, max_wait=0.5)
     second = passes.silver_events(ctx)
     assert (first.rows_out, first.metrics["duplicates_dropped"]) == (10, 4)
     assert (second.rows_out, second.metrics["duplicates_dropped"]) == (2, 4)

@@ -17,6 +17,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from pipelines.config.settings import Settings
+from pipelines.config.spark import session_confs
 from pipelines.errors import InputError
 from pipelines.runtime import ingest
 from pipelines.runtime.runner import Context
@@ -78,6 +79,35 @@ def test_spark_splits_each_kind_of_file_into_its_records(spark: SparkSession, fi
     for f in landing:
         if str(f.path) in batch_ids:
             assert batch_ids[str(f.path)] == f"file:{f.digest[:16]}"
+
+
+def test_a_json_lines_file_is_read_in_splits_and_each_record_keeps_its_place(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    # Written by hand: blank lines and a CRLF line across the splits of a file Spark reads in
+    # 64-byte pieces (several per task, and two files in one task), and a plain text file
+    # named like a compressed one, which is read whole.
+    records = [b'{"n": %d, "pad": "%s"}' % (i, b"x" * (i % 7)) for i in range(40)]
+    content = b""
+    for i, r in enumerate(records):
+        content += r + (b"\r\n" if i % 5 == 0 else b"\n") + (b"  \n\n" if i % 3 == 0 else b"")
+    big = tmp_path / "big.jsonl"
+    big.write_bytes(content)
+    small = tmp_path / "small.jsonl"
+    small.write_bytes(b'{"s": 1}\n\n{"s": 2}\n')
+    named = tmp_path / "named.jsonl.gz"
+    named.write_bytes(b'{"g": 1}\n{"g": 2}\n')
+    landing = file_digests([big, small, named])
+    assert [f.lines for f in landing] == [True, True, False]
+    confs = {"spark.sql.files.maxPartitionBytes": "64", "spark.sql.files.openCostInBytes": "0"}
+    with session_confs(spark, confs):
+        rows = landing_rows(spark, landing, NOW).collect()
+    got: dict[str, list[tuple[int, bytes]]] = {str(p): [] for p in (big, small, named)}
+    for r in rows:
+        got[r["source_file"]].append((r["offset"], bytes(r["value"])))
+    assert sorted(got[str(big)]) == list(enumerate(records))
+    assert sorted(got[str(small)]) == [(0, b'{"s": 1}'), (1, b'{"s": 2}')]
+    assert sorted(got[str(named)]) == [(0, b'{"g": 1}'), (1, b'{"g": 2}')]
 
 
 def test_a_file_spark_names_otherwise_fails_the_read_rather_than_losing_its_rows(

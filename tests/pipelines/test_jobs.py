@@ -156,6 +156,37 @@ def test_crash_before_the_commit_reprocesses_and_after_it_skips(
     assert "killed before commit" in log[0]["error"]
 
 
+def test_a_landing_killed_between_its_quarantine_and_its_rows_lands_each_once_when_run_again(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two good events and a line that is no JSON: the quarantine is committed first, then a kill
+    # before bronze's commit. The same command again lands the events and quarantines nothing twice.
+    path = write_events(tmp_path / "a.jsonl", 1, 2)
+    with path.open("a") as f:
+        f.write("{not json\n")
+    # Killed where bronze's commit would come: delta-rs commits the files Spark wrote after the
+    # quarantine's commit (its write's last step); Delta on Spark commits inside its write.
+    engine_store = type(ctx.store)
+    step = "_commit_files" if ctx.store.checks_before_commit else "append"
+    real = getattr(engine_store, step)
+
+    def killed(self: TableStore, spec: TableSpec, *args: object, **kw: object) -> object:
+        if spec == BRONZE_EVENTS:
+            raise Crash("killed before bronze's commit")
+        return real(self, spec, *args, **kw)
+
+    monkeypatch.setattr(engine_store, step, killed)
+    with pytest.raises(Crash):
+        ingest.ingest_files(ctx, "events", [path])
+    monkeypatch.setattr(engine_store, step, real)
+    assert ctx.store.read(BRONZE_QUARANTINE).count() == 1
+    assert ctx.store.read(BRONZE_EVENTS).count() == 0
+    record = ingest.ingest_files(ctx, "events", [path])
+    assert (record.rows_in, record.rows_out, record.metrics["quarantined"]) == (3, 2, 1)  # the batch's figures
+    assert uuids(ctx.store, BRONZE_EVENTS) == [uuid(1, 0), uuid(1, 1)]
+    assert [bytes(r["raw"]) for r in ctx.store.read(BRONZE_QUARANTINE).collect()] == [b"{not json"]
+
+
 def test_buckets_run_as_separate_tasks_and_together_cover_every_event(ctx: Context, tmp_path: Path) -> None:
     # One landing of 12 teams' files: the split is the subject here, not one landing per file.
     ingest.ingest_files(ctx, "events", [write_events(tmp_path / f"t{team}.jsonl", team, 5) for team in range(1, 13)])

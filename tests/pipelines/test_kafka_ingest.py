@@ -21,7 +21,7 @@ from pipelines.config.settings import load_settings
 from pipelines.demo import synthetic
 from pipelines.demo.data import PAGE_CHANGE_FILES
 from pipelines.dev.services import KafkaBroker, free_port
-from pipelines.runtime import ingest
+from pipelines.runtime import ingest_kafka
 from pipelines.runtime.runner import Context
 from pipelines.runtime.tables import BRONZE_QUARANTINE
 from pipelines.sources.kafka import app_id
@@ -90,7 +90,7 @@ def test_once_lands_valid_messages_once_and_quarantines_the_rest(
     assert settings.delta_engine == engine
     ctx = Context(settings=settings, spark=spark, store=open_store(settings, spark))
 
-    stats = ingest.ingest_kafka(ctx, once=True, max_batch=100, max_wait=0.5)
+    stats = ingest_kafka.ingest_kafka(ctx, once=True, max_batch=100, max_wait=0.5)
     assert (stats.messages, stats.landed, stats.quarantined) == (316, 313, 3)
     bronze = table(lake, "bronze/events")
     assert sorted(bronze["uuid"].to_pylist()) == sorted(json.loads(m)["uuid"] for m in good)
@@ -114,7 +114,7 @@ def test_once_lands_valid_messages_once_and_quarantines_the_rest(
     assert got == sorted((p, o, r) for (p, o), r in zip(placed[300:], expected_reasons, strict=True))
     assert set(quarantine["raw"].to_pylist()) == set(bad)
 
-    again = ingest.ingest_kafka(ctx, once=True, max_batch=100, max_wait=0.5)
+    again = ingest_kafka.ingest_kafka(ctx, once=True, max_batch=100, max_wait=0.5)
     assert (again.messages, again.landed) == (0, 0)
     assert table(lake, "bronze/events").num_rows == 300
     assert table(lake, "bronze/quarantine").num_rows == 3

@@ -18,7 +18,7 @@ from pyspark.sql import SparkSession
 from pipelines.config.settings import load_settings
 from pipelines.demo.data import posthog_events
 from pipelines.runtime.eventlog import RunRecord
-from pipelines.runtime.ingest import land_messages
+from pipelines.runtime.ingest_kafka import land_messages
 from pipelines.runtime.runner import Context
 from pipelines.storage import open_store
 from tests.helpers import documents_of

@@ -182,7 +182,7 @@ def ingest_kafka(
     the consumer seeks to them. Without --once it runs until SIGTERM or Ctrl-C, then finishes
     its batch. Several processes with the same group id share the partitions.
     """
-    from pipelines.runtime.ingest import ingest_kafka
+    from pipelines.runtime.ingest_kafka import ingest_kafka
     from pipelines.runtime.quality import wait_preloaded
     from pipelines.runtime.runner import startup_heap_frozen
 

@@ -13,7 +13,7 @@ from pipelines.config.settings import KafkaSettings
 from pipelines.dev.bench import plain
 from pipelines.dev.bench.measure import Bench, timed, warm_up_first
 from pipelines.dev.bench.workloads import KAFKA_MESSAGE_KINDS, Workload, kafka_messages
-from pipelines.runtime import ingest
+from pipelines.runtime import ingest_kafka as kafka_ingest
 from pipelines.runtime.runner import startup_heap_frozen
 from pipelines.runtime.tables import BRONZE_EVENTS, BRONZE_QUARANTINE
 
@@ -65,7 +65,7 @@ def kafka_stage(b: Bench, w: Workload) -> None:
                     startup_heap_frozen(),
                     timed(warm_up_first(fig, attempt), len(messages), extra={"tansu": pid} if pid else None),
                 ):
-                    ingest.ingest_kafka(ctx, [topic], max_wait=2.0, once=True)
+                    kafka_ingest.ingest_kafka(ctx, [topic], max_wait=2.0, once=True)
                 landed = ctx.store.read(BRONZE_EVENTS).count() + ctx.store.read(BRONZE_QUARANTINE).count()
                 if landed != len(messages):
                     raise AssertionError(f"Kafka stage landed {landed} of {len(messages)} messages")
