@@ -5,8 +5,9 @@ An event is a JSON object with ``uuid``, ``event``, ``team_id`` (integer), ``dis
 optional ``person_properties`` object may sit beside them; ``$set``/``$set_once`` live inside
 ``properties`` and ``$groupidentify`` events carry ``$group_type_index``/``$group_set`` there.
 
-The message is parsed once, here: the checks read the parse, and the property documents silver and
-gold use (:mod:`bronze.properties`) are built from it, with their numbers' canonical text.
+The message is parsed here for the fields every layer keys by and for bronze's checks; the message
+itself is kept as it came (``raw``), and gold reads the properties from it (:mod:`gold.property_values`),
+so bronze builds nothing per property.
 """
 
 from __future__ import annotations
@@ -29,17 +30,6 @@ from bronze.landing import (
     with_parsed_json,
 )
 from bronze.primitives import INTEGER_TYPES
-from bronze.properties import (
-    DOCUMENT,
-    DOCUMENT_COLUMNS,
-    JAVASCRIPT,
-    PERSON_TEXT,
-    PERSON_VARIANT,
-    PROPERTIES_TEXT,
-    PROPERTIES_VARIANT,
-    SERDE_JSON,
-    with_documents,
-)
 
 KIND = "events"
 REQUIRED_STRINGS = ("uuid", "event", "distinct_id", "timestamp")
@@ -51,41 +41,31 @@ EVENT_FIELDS = [
     StructField("team_id", LongType()),
     StructField("distinct_id", StringType()),
     StructField("timestamp", TimestampType()),
-    # properties and person_properties, parsed: what silver keeps and gold fans out.
-    *(StructField(c, DOCUMENT) for c in DOCUMENT_COLUMNS),
 ]
 BRONZE_EVENTS_SCHEMA = StructType([*EVENT_FIELDS, StructField(RAW, StringType()), *LANDING_FIELDS])
 BRONZE_EVENTS_COLUMNS = [f.name for f in BRONZE_EVENTS_SCHEMA.fields]
 
-#: An object field as given (a variant): the object it holds, given as an object or as a JSON
-#: string holding one (null otherwise), and the text it was parsed from (the string's, or the
-#: message's); staged per field by :func:`_objects`.
-_OBJECT_FIELDS = (
-    ("properties", PROPERTIES_VARIANT, PROPERTIES_TEXT),
-    ("person_properties", PERSON_VARIANT, PERSON_TEXT),
-)
+#: The fields that must hold a JSON object (or a JSON string holding one) where they are present.
+_OBJECT_FIELDS = ("properties", "person_properties")
 
 
-def _objects(notation: str) -> list[Column]:
-    """Per object field, the object it holds (a VARIANT; null when absent, null or not an
-    object) and the text the documents' numbers are read from for serde_json's ``-0.0``.
+def _objects() -> list[Column]:
+    """Per object field, whether it holds an object, given as one or as a JSON string holding one
+    (``_<field>_object``; null where it is absent or null).
 
     Whether the field is an object is asked by its cast to a map (the walk of ``schema_of_variant``
     costs more on an object, and ``to_json`` renders it all); a string is parsed once more, as the
     JSON it holds."""
     cols = []
-    for name, variant, text in _OBJECT_FIELDS:
+    for name in _OBJECT_FIELDS:
         field = F.col(f"_{name}")
-        string = F.try_variant_get(field, "$", "string")
         is_object = F.try_variant_get(field, "$", "map<string,variant>").isNotNull()
         is_string = F.schema_of_variant(field) == "STRING"
-        inner = F.try_parse_json(string)
-        held = F.when(is_object, field).when(
-            is_string & F.try_variant_get(inner, "$", "map<string,variant>").isNotNull(), inner
+        inner = F.try_parse_json(F.try_variant_get(field, "$", "string"))
+        held = F.when(is_object, F.lit(True)).when(
+            is_string & F.try_variant_get(inner, "$", "map<string,variant>").isNotNull(), F.lit(True)
         )
-        cols.append(held.alias(variant))
-        source = F.when(~is_object & is_string, string).otherwise(F.col(RAW)) if notation == SERDE_JSON else F.lit(None)
-        cols.append(source.cast("string").alias(text))
+        cols.append(held.alias(f"_{name}_object"))
     return cols
 
 
@@ -122,14 +102,13 @@ def duplicate_keys(value: Column) -> Column:
     )
 
 
-def parse_events(max_bytes: int, notation: str = JAVASCRIPT) -> Callable[[DataFrame], DataFrame]:
-    """Landing rows -> rows with the event fields, its property documents (numbers in
-    ``notation``), ``raw`` and a ``reason`` (null when valid)."""
+def parse_events(max_bytes: int) -> Callable[[DataFrame], DataFrame]:
+    """Landing rows -> rows with the event fields, ``raw`` and a ``reason`` (null when valid)."""
 
     def transform(df: DataFrame) -> DataFrame:
         df = df.transform(with_parsed_json())
         staged = df.select("*", *_staged(F.col(PARSED)))
-        staged = staged.select("*", *_objects(notation))
+        staged = staged.select("*", *_objects())
         timestamp = F.try_to_timestamp(F.col("_s_timestamp"))
         checks = envelope_checks(max_bytes)
         for name in ("uuid", "event", "team_id", "distinct_id", "timestamp"):
@@ -145,29 +124,21 @@ def parse_events(max_bytes: int, notation: str = JAVASCRIPT) -> Callable[[DataFr
             (F.length(F.col("_s_event")) == 0, "field 'event' is empty"),
             (timestamp.isNull(), "field 'timestamp' is not an ISO-8601 time"),
         ]
-        for name, variant, _ in _OBJECT_FIELDS:
+        for name in _OBJECT_FIELDS:
             # Present (not absent, not null) and not an object, nor a string holding one.
             field = F.col(f"_{name}")
             present = field.isNotNull() & ~F.is_variant_null(field)
-            checks.append((present & F.col(variant).isNull(), f"field {name!r} is not a JSON object"))
-        fields = staged.select(
+            checks.append((present & F.col(f"_{name}_object").isNull(), f"field {name!r} is not a JSON object"))
+        return staged.select(
             F.col("value"),
             uuid.alias("uuid"),
             F.col("_s_event").alias("event"),
             F.col("_team_id").alias("team_id"),
             F.col("_s_distinct_id").alias("distinct_id"),
             timestamp.alias("timestamp"),
-            # An event without properties has an empty document of them.
-            F.coalesce(F.col(PROPERTIES_VARIANT), F.parse_json(F.lit("{}"))).alias(PROPERTIES_VARIANT),
-            F.col(PERSON_VARIANT),
-            F.col(PROPERTIES_TEXT),
-            F.col(PERSON_TEXT),
             F.col(RAW),
             *LANDING_COLUMNS,
             first_failure(checks).alias(REASON),
         )
-        keep = ["value", "uuid", "event", "team_id", "distinct_id", "timestamp"]
-        documents = fields.transform(with_documents([*keep, RAW, *LANDING_COLUMNS, REASON], notation))
-        return documents.select(*keep, *DOCUMENT_COLUMNS, RAW, *LANDING_COLUMNS, REASON)
 
     return transform

@@ -1,38 +1,25 @@
-"""Event properties parsed once, where the event is first parsed: each JSON document of an event
-as a map of key -> (kind, text).
+"""A property value's kind and canonical text, from the value itself (a VARIANT of the event's own
+parse) and its JSON text as Spark writes it.
 
-Bronze parses each event once (:mod:`bronze.events`, or :mod:`bronze.event_values` in the Kafka
-ingest process) and keeps each document gold fans out (the event's properties,
-``person_properties``, ``$set``, ``$set_once`` and ``$group_set``) as a
-``map<string, struct<kind, text>>``:
+Gold's fan-out (:mod:`gold.property_values`) and the counters read every value of an event's
+``properties``, ``person_properties``, ``$set``, ``$set_once`` and ``$group_set`` through these:
 
-- ``kind`` is the JSON kind of the value: ``string``, ``integer`` (a number written without
-  fraction or exponent that fits 64 bits), ``number`` (any other number), ``boolean``, ``null``, ``object`` or
-  ``array``;
-- ``text`` is its canonical text: a string as it is, a number in the one text every way of writing
+- the *kind* of a value is its JSON kind: ``string``, ``integer`` (a number written without
+  fraction or exponent that fits 64 bits), ``number`` (any other number), ``boolean``, ``null``,
+  ``object`` or ``array``;
+- its *text* is its canonical text: a string as it is, a number in the one text every way of writing
   it shares (see ``number_text``), ``true`` / ``false``, an object or array as compact JSON with
   sorted keys, and null for ``null``.
 
-So silver and gold never parse JSON or format a number again: gold explodes maps, and ad-hoc SQL
-reads a property as ``props['$browser'].text``. The message itself is kept beside them (``raw``).
+They are column expressions of native functions (no Python UDF), evaluated in generated code.
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
-from collections.abc import Callable, Sequence
-
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column
 from pyspark.sql import functions as F
-from pyspark.sql.types import MapType, StringType, StructField, StructType
 
 from bronze.primitives import INTEGER_TYPES
-
-#: One parsed JSON value.
-PROPERTY = StructType([StructField("kind", StringType()), StructField("text", StringType())])
-#: One parsed JSON object: its entries by key.
-DOCUMENT = MapType(StringType(), PROPERTY)
 
 STRING, INTEGER, NUMBER, BOOLEAN, NULL, OBJECT, ARRAY = (
     "string",
@@ -44,14 +31,6 @@ STRING, INTEGER, NUMBER, BOOLEAN, NULL, OBJECT, ARRAY = (
     "array",
 )
 NESTED_KINDS = (OBJECT, ARRAY)
-
-#: The parsed documents of an event (bronze and silver), by column.
-PROPS = "props"  # the event's properties
-PERSON_PROPS = "person_props"  # person_properties: the person after the event
-SET_PROPS = "set_props"  # properties.$set
-SET_ONCE_PROPS = "set_once_props"  # properties.$set_once
-GROUP_SET_PROPS = "group_set_props"  # properties.$group_set
-DOCUMENT_COLUMNS = (PROPS, PERSON_PROPS, SET_PROPS, SET_ONCE_PROPS, GROUP_SET_PROPS)
 
 #: How numbers are written (``bronze.number_notation``): JavaScript's ``String(x)``, or serde_json's
 #: ``Value::to_string()`` as PostHog's property-vals-rs writes a property value.
@@ -195,7 +174,8 @@ def _serde_integer(kind: Column, text: Column) -> Column:
     return kind.isin(*INTEGER_TYPES) | u64_only
 
 
-def _kind(json: Column, value: Column) -> Column:
+def value_kind(json: Column, value: Column) -> Column:
+    """The kind of a value from its JSON text and the value (a VARIANT)."""
     first = F.substring(json, 1, 1)
     return (
         F.when(first == '"', F.lit(STRING))
@@ -209,13 +189,14 @@ def _kind(json: Column, value: Column) -> Column:
     )
 
 
-def _text(json: Column, value: Column, notation: str = JAVASCRIPT) -> Column:
+def value_text(json: Column, value: Column, notation: str = JAVASCRIPT) -> Column:
     """The canonical text of one value, from its JSON text and the value itself.
 
     A plain decimal of at most 15 significant digits is the shortest text of the double it
     denotes (any two such decimals denote different doubles), so it only loses trailing zeros
     (and, in serde_json's notation, keeps ``.0`` on a whole value); Schubfach (``number_text``)
     runs only for the other fractional numbers.
+
     """
     first = F.substring(json, 1, 1)
     significant = F.regexp_replace(F.regexp_replace(json, "[-.]", ""), "^0+|0+$", "")
@@ -246,27 +227,7 @@ def _text(json: Column, value: Column, notation: str = JAVASCRIPT) -> Column:
     )
 
 
-def document(obj: Column, notation: str = JAVASCRIPT, raw: Column | None = None) -> Column:
-    """A JSON object held in a VARIANT -> its entries as ``map<string, struct<kind, text>>`` (null
-    when it is not an object), numbers in ``notation``; ``raw``, the JSON text it was parsed from,
-    tells serde_json's ``-0.0`` from ``0`` (:func:`_negative_zero`)."""
-    entries = F.try_variant_get(obj, "$", "map<string,variant>")
-    # Higher-order functions are interpreted, where an expression used twice is evaluated twice:
-    # each value's JSON text is made once, in a pass of its own.
-    with_json = F.transform_values(entries, lambda _, v: F.struct(F.to_json(v).alias("json"), v.alias("value")))
-
-    def text(key: Column, s: Column) -> Column:
-        written = _text(s["json"], s["value"], notation)
-        if notation == SERDE_JSON and raw is not None:
-            return F.when(_negative_zero(key, s["json"], raw), F.lit("-0.0")).otherwise(written)
-        return written
-
-    return F.transform_values(
-        with_json, lambda k, s: F.struct(_kind(s["json"], s["value"]).alias("kind"), text(k, s).alias("text"))
-    )
-
-
-def _negative_zero(key: Column, json: Column, raw: Column) -> Column:
+def negative_zero(key: Column, json: Column, raw: Column) -> Column:
     """Whether a zero was written ``-0`` or ``-0.0`` in the raw text (serde_json writes ``-0.0``).
 
     Spark's VARIANT holds such a number as the integer or decimal zero, without its sign, so the
@@ -275,82 +236,3 @@ def _negative_zero(key: Column, json: Column, raw: Column) -> Column:
     pattern = F.concat(F.lit('"\\Q'), key, F.lit('\\E"\\s*:\\s*-0(?:\\.0*)?(?:[eE][-+]?[0-9]+)?\\s*[,}\\]]'))
     plain_key = ~key.contains('"') & ~key.contains("\\")
     return json.rlike("^0([.]0+)?$") & plain_key & F.regexp_like(raw, pattern)
-
-
-def parse_documents(
-    properties: str = "properties", person_properties: str = "person_properties", notation: str = JAVASCRIPT
-) -> Callable[[DataFrame], DataFrame]:
-    """Adds the documents (``PROPS`` ... ``GROUP_SET_PROPS``) from JSON text columns (ad-hoc use
-    and tests; bronze builds them from the event's own parse, :func:`with_documents`).
-
-    Parsed as Spark's VARIANT (a key given twice keeps its last occurrence); a text that is not a
-    JSON object gives a null document, as does a missing or non-object ``$set`` and the like.
-    """
-
-    def transform(df: DataFrame) -> DataFrame:
-        staged = df.select(
-            "*",
-            F.try_parse_json(F.col(properties)).alias(PROPERTIES_VARIANT),
-            F.try_parse_json(F.col(person_properties)).alias(PERSON_VARIANT),
-            F.col(properties).alias(PROPERTIES_TEXT),
-            F.col(person_properties).alias(PERSON_TEXT),
-        )
-        return staged.transform(with_documents(df.columns, notation))
-
-    return transform
-
-
-#: The columns :func:`with_documents` reads: the event's properties and person properties as
-#: VARIANTs (null where absent), and the JSON texts they were parsed from (read for serde_json's
-#: ``-0.0`` only, :func:`_negative_zero`).
-PROPERTIES_VARIANT, PERSON_VARIANT = "_properties_variant", "_person_variant"
-PROPERTIES_TEXT, PERSON_TEXT = "_properties_text", "_person_text"
-
-
-def with_documents(keep: Sequence[str], notation: str = JAVASCRIPT) -> Callable[[DataFrame], DataFrame]:
-    """A frame with the staged columns above -> ``keep`` and the five documents.
-
-    Two projections: the five documents in one array (one document expression, see
-    :func:`_documents`), then the array's elements as columns. The interpreted higher-order
-    functions would evaluate an inline parse again, so the variants come staged, and Spark keeps
-    an expensive expression that is read several times in a projection of its own."""
-
-    def transform(staged: DataFrame) -> DataFrame:
-        documents = staged.select(*keep, _documents(staged.sparkSession, notation))
-        return documents.select(*keep, *(F.col(_DOCUMENTS)[i].alias(c) for i, c in enumerate(DOCUMENT_COLUMNS)))
-
-    return transform
-
-
-#: The documents inside ``properties``: their key, and their column.
-_INNER_DOCUMENTS = (("$set", SET_PROPS), ("$set_once", SET_ONCE_PROPS), ("$group_set", GROUP_SET_PROPS))
-_DOCUMENTS = "_documents"
-
-#: The documents column, built once per session (see :func:`_documents`).
-_BUILT: weakref.WeakKeyDictionary[SparkSession, dict[str, Column]] = weakref.WeakKeyDictionary()
-_BUILT_LOCK = threading.Lock()
-
-
-def _documents(spark: SparkSession, notation: str) -> Column:
-    """The five documents over the staged variants, as one array in the order of
-    ``DOCUMENT_COLUMNS``.
-
-    One :func:`document` expression maps the array of (variant, raw text) pairs: Spark analyzes and
-    optimizes a plan in time that grows with its expressions, and five copies of the document
-    expression made a 1-event run's plan take 0.3-0.4 s to analyze, against 0.09 s.
-    Built once per session and reused: it is an expression of column names only, and building it
-    is several hundred calls into the JVM on a classic session."""
-    with _BUILT_LOCK:
-        built = _BUILT.setdefault(spark, {}).get(notation)
-        if built is None:
-            props, text = F.col(PROPERTIES_VARIANT), F.col(PROPERTIES_TEXT)
-            sources = (
-                (props, text),
-                (F.col(PERSON_VARIANT), F.col(PERSON_TEXT)),
-                *((F.try_variant_get(props, f"$['{key}']", "variant"), text) for key, _ in _INNER_DOCUMENTS),
-            )
-            pairs = F.array(*(F.struct(obj.alias("obj"), raw.alias("raw")) for obj, raw in sources))
-            built = _BUILT[spark][notation] = F.transform(
-                pairs, lambda pair: document(pair["obj"], notation, pair["raw"])
-            ).alias(_DOCUMENTS)
-        return built

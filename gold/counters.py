@@ -43,7 +43,7 @@ from pyspark.sql.types import (
 
 from bronze.number_text import JAVASCRIPT, fractional_text
 from bronze.primitives import ConfigError, Duration, named, non_negative, unique_names
-from bronze.properties import PROPS
+from gold.property_values import event_properties, property_text
 
 COUNTER_PARTIALS_SCHEMA = StructType(
     [
@@ -170,14 +170,8 @@ def load_registry(path: Path) -> Registry:
 
 
 # -- stage 1: increments --------------------------------------------------------------------------
-def property_value(props: Column, key: str) -> Column:
-    """A property's canonical text, from the event's parsed properties (:mod:`bronze.properties`;
-    a nested value as its compact JSON, a null as null)."""
-    return props[key]["text"]
-
-
 def _literal(v: Scalar, notation: str) -> str:
-    """A registry value as the documents write it: a number in its canonical text."""
+    """A registry value as a property's text is written: a number in its canonical text."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, float):
@@ -190,16 +184,21 @@ def increments(
 ) -> DataFrame:
     """Silver events -> partial counts per counter, entity and window (events without the entity
     property do not count)."""
+    events = events.select("event", "event_time", "raw", event_properties(F.col("raw")).alias("_props"))
+
+    def value(key: str) -> Column:
+        return property_text(F.col("_props"), key, notation, F.col("raw"))
+
     frames = []
     for c in registry.counters:
         matched = events.where(F.col("event").isin(c.events()))
         for key, want in c.where.items():
             values = want if isinstance(want, list) else [want]
-            matched = matched.where(property_value(F.col(PROPS), key).isin([_literal(v, notation) for v in values]))
+            matched = matched.where(value(key).isin([_literal(v, notation) for v in values]))
         frames.append(
             matched.select(
                 F.lit(c.name).alias("counter"),
-                property_value(F.col(PROPS), c.entity).alias("entity"),
+                value(c.entity).alias("entity"),
                 F.window("event_time", f"{int(window.total_seconds())} seconds")["start"].alias("window_start"),
             ).where(F.col("entity").isNotNull())
         )

@@ -2,8 +2,9 @@
 per event-time window in two stages.
 
 Stage 1 (map) turns each batch of silver events into partial counts per tuple and window; stage 2
-(merge) sums partials per tuple and window and adds them to the gold table. The fan-out explodes
-the property documents bronze parsed once (``bronze.properties``); it runs no Python UDF.
+(merge) sums partials per tuple and window and adds them to the gold table. The fan-out parses each
+event's JSON once, as a VARIANT, explodes its documents and writes each value in its canonical text
+(:mod:`bronze.properties`); it runs no Python UDF and no higher-order function per entry.
 """
 
 from __future__ import annotations
@@ -16,18 +17,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
-from bronze.primitives import window_start
-from bronze.properties import (
-    DOCUMENT,
-    GROUP_SET_PROPS,
-    INTEGER,
-    NESTED_KINDS,
-    NULL,
-    PERSON_PROPS,
-    PROPS,
-    SET_ONCE_PROPS,
-    SET_PROPS,
-)
+from bronze.primitives import INTEGER_TYPES, window_start
+from bronze.properties import JAVASCRIPT, SERDE_JSON, negative_zero, value_text
 
 TUPLE = ("team_id", "property_type", "property_key", "property_value")
 WINDOW_START = "window_start"
@@ -107,105 +98,204 @@ class TeamFilter:
         return rows.limit(0) if self.everyone else rows.where(~self.admits(F.col("team_id")))
 
 
-def _without(entries: Column, *others: Column) -> Column:
-    """``entries`` less the keys any of ``others`` holds."""
-    return F.map_filter(entries, lambda k, _: ~F.exists(F.array(*others), lambda m: F.map_contains_key(m, k)))
+#: The documents of an event the fan-out reads, in the order their entries are taken: the event's
+#: properties; the person's (``person_properties``, then ``$set``, then ``$set_once``, each key once,
+#: the first to hold it winning); the group's (``$group_set`` of a ``$groupidentify``).
+EVENT_DOC, PERSON_DOC, SET_DOC, SET_ONCE_DOC, GROUP_DOC = range(5)
+#: The columns of a silver event the fan-out carries to each of its entries.
+CARRIED = ("team_id", "bucket", "event_time", "batch_id")
+#: An entry's value, as a VARIANT (the event's own parse, never rendered and read again), and its
+#: JSON text as Spark writes a variant (a string quoted, an object's keys sorted).
+VALUE, JSON = "_value", "_json"
+_EMPTY = "map<string,variant>"
 
 
-def person_entries(set_: Column, set_once: Column, person: Column) -> Column:
-    """One person observation per key: ``person_properties`` (the state after the event) wins,
-    then ``$set``, then ``$set_once``. Each argument is a parsed document, or null."""
-    empty = F.create_map().cast(DOCUMENT)
-    person, set_, set_once = (F.coalesce(m, empty) for m in (person, set_, set_once))
-    return F.map_concat(person, _without(set_, person), _without(set_once, person, set_))
+def _held(name: str, parsed: Column | str = "_v") -> Column:
+    """The object a JSON string in an event's ``name`` field holds, as a map of its values (bronze
+    lands such an event as it lands one with the object itself), else null."""
+    return F.try_variant_get(F.try_parse_json(F.try_variant_get(parsed, f"$.{name}", "string")), "$", _EMPTY)
+
+
+def event_properties(raw: Column) -> Column:
+    """An event's properties as a map of their values (VARIANTs), from its JSON text: the object it
+    holds, or the object a JSON string in it holds; null where it has none."""
+    parsed = F.parse_json(raw)
+    direct = F.try_variant_get(parsed, "$.properties", _EMPTY)
+    return F.when(direct.isNull(), _held("properties", parsed)).otherwise(direct)
+
+
+def property_text(props: Column, key: str, notation: str = JAVASCRIPT, raw: Column | None = None) -> Column:
+    """The canonical text of the property ``key`` of ``props`` (:func:`event_properties`): a nested
+    value as its compact JSON, a JSON null as null; ``raw``, the event's JSON text, gives a zero its
+    sign in serde_json's notation."""
+    value = props[key]
+    json = F.to_json(value)
+    text = value_text(json, value, notation)
+    if notation == SERDE_JSON and raw is not None:
+        text = F.when(negative_zero(F.lit(key), json, raw), F.lit("-0.0")).otherwise(text)
+    return text
 
 
 def group_type(props: Column) -> Column:
-    """``group_<i>`` for an integer ``$group_type_index`` i in 0..255, else null."""
+    """``group_<i>`` for an integer ``$group_type_index`` i in 0..255 (a u8, as PostHog holds it;
+    ``2.0``, ``"2"`` and 256 are none), else null."""
     index = props["$group_type_index"]
-    i = F.when(index["kind"] == INTEGER, index["text"].try_cast("bigint"))
+    i = F.when(F.schema_of_variant(index).isin(*INTEGER_TYPES), F.try_variant_get(index, "$", "bigint"))
     return F.when(i.between(0, GROUP_TYPES - 1), F.concat(F.lit("group_"), i.cast("string")))
 
 
-def _doc(property_type: Column | str, entries: Column) -> Column:
+def _doc(property_type: Column | str, entries: Column, doc: int, source: Column) -> Column:
     kind = property_type if isinstance(property_type, Column) else F.lit(property_type)
-    return F.struct(kind.alias("property_type"), entries.alias("entries"))
+    return F.struct(
+        kind.alias("property_type"), entries.alias("entries"), F.lit(doc).alias("_doc"), source.alias("_source")
+    )
 
 
-def property_entries(df: DataFrame) -> DataFrame:
-    """Silver events -> one row per property entry (``property_type``, ``property_key``, ``_entry``):
-    the event's own properties, the person's and, for a ``$groupidentify``, the group's."""
-    per_doc = df.select(
-        "team_id",
-        "bucket",
-        "event_time",
-        "batch_id",
+def _objects(df: DataFrame, sources: bool) -> DataFrame:
+    """Silver events -> ``CARRIED``, ``event`` and the event's properties and person properties as
+    maps of their values (``_props``, empty where it has none; ``_person``), from one parse of its
+    JSON (``raw``) as a VARIANT; with ``sources``, the JSON texts they were parsed from
+    (``_props_text``, ``_person_text``: the event's, or the string an object was given in)."""
+    parsed = df.select(*CARRIED, "event", "raw", F.parse_json("raw").alias("_v")).select(
+        *CARRIED,
+        "event",
+        "raw",
+        "_v",
+        F.try_variant_get("_v", "$.properties", _EMPTY).alias("_props"),
+        F.try_variant_get("_v", "$.person_properties", _EMPTY).alias("_person"),
+    )
+    given_as_text = F.col("_props").isNull()  # absent, or a string holding the object (rare)
+    props = F.coalesce(
+        F.when(given_as_text, _held("properties")).otherwise(F.col("_props")), F.create_map().cast(_EMPTY)
+    )
+    person = F.when(F.col("_person").isNull(), _held("person_properties")).otherwise(F.col("_person"))
+    texts: list[Column] = []
+    if sources:
+        string = F.try_variant_get("_v", "$.properties", "string")
+        texts = [
+            F.when(given_as_text & string.isNotNull(), string).otherwise(F.col("raw")).alias("_props_text"),
+            F.coalesce(F.try_variant_get("_v", "$.person_properties", "string"), F.col("raw")).alias("_person_text"),
+        ]
+    return parsed.select(*CARRIED, "event", props.alias("_props"), person.alias("_person"), *texts)
+
+
+def property_entries(df: DataFrame, sources: bool = False) -> DataFrame:
+    """Silver events -> one row per property entry: ``property_type``, ``property_key`` and its value
+    (``_value``, a VARIANT); with ``sources``, the JSON text each was parsed from too (``_source``:
+    the event's, or the string its properties were given in), where serde_json's notation reads a
+    negative zero's sign.
+
+    The event's JSON (``raw``) is parsed once, as a VARIANT (a key given twice keeps its last
+    occurrence); every document is exploded in one pass, with no higher-order function per entry.
+    The person's documents are exploded whole and an entry a document before it holds is left out."""
+
+    def inner(key: str) -> Column:
+        return F.try_variant_get(F.col("_props")[key], "$", _EMPTY)
+
+    text = F.col("_props_text") if sources else F.lit(None).cast("string")
+    person_text = F.col("_person_text") if sources else text
+    per_doc = _objects(df, sources).select(
+        *CARRIED,
+        "_person",
+        inner("$set").alias("_set"),
         F.inline(
             F.array(
-                _doc("event", F.col(PROPS)),
-                _doc("person", person_entries(F.col(SET_PROPS), F.col(SET_ONCE_PROPS), F.col(PERSON_PROPS))),
+                _doc("event", F.col("_props"), EVENT_DOC, text),
+                _doc("person", F.col("_person"), PERSON_DOC, person_text),
+                _doc("person", inner("$set"), SET_DOC, text),
+                _doc("person", inner("$set_once"), SET_ONCE_DOC, text),
                 # A $groupidentify without an integer index in 0..255 keeps its entries under
                 # no type, so they are counted as skipped (bad_group_index), never lost.
-                _doc(group_type(F.col(PROPS)), F.when(F.col("event") == "$groupidentify", F.col(GROUP_SET_PROPS))),
+                _doc(
+                    group_type(F.col("_props")),
+                    F.when(F.col("event") == "$groupidentify", inner("$group_set")),
+                    GROUP_DOC,
+                    text,
+                ),
             )
         ),
     )
-    return per_doc.select(
-        "team_id",
-        "bucket",
-        "event_time",
-        "batch_id",
+    entries = per_doc.select(
+        *CARRIED,
+        "_person",
+        "_set",
+        "_doc",
+        "_source",
         "property_type",
-        F.explode("entries").alias("property_key", "_entry"),
+        F.explode("entries").alias("property_key", VALUE),
     )
 
+    def holds(doc: str) -> Column:
+        return F.coalesce(F.map_contains_key(doc, F.col("property_key")), F.lit(False))
 
-def fan_out(rules: FanoutRules) -> Callable[[DataFrame], DataFrame]:
-    """Silver events -> one row per property entry, with ``property_value`` as text and a
-    ``skip_reason`` (null for a tuple that counts).
+    doc = F.col("_doc")
+    shadowed = ((doc == SET_DOC) & holds("_person")) | ((doc == SET_ONCE_DOC) & (holds("_person") | holds("_set")))
+    kept = entries.where(~shadowed)
+    return kept.select(*CARRIED, "property_type", "property_key", VALUE, *(["_source"] if sources else []))
 
-    Reads the documents bronze parsed (``bronze.properties``): each entry's text is already
-    canonical, so this is explodes and comparisons only.
-    """
+
+def _valued(rules: FanoutRules, notation: str, sources: bool) -> Callable[[DataFrame], DataFrame]:
+    """Entries (:func:`property_entries`: ``property_type``, ``property_key``, ``_value``; with
+    ``sources``, ``_source``) -> with the value's canonical text (``property_value``) and why the
+    tuple is skipped (``skip_reason``, null for one that counts).
+
+    Most values are written from the value itself by its type, in generated code: a string as it
+    is, an integer's digits (JavaScript's notation), ``true`` / ``false``; the rest (any other
+    number, a nested value) from its JSON text by :func:`bronze.properties.value_text`. Rendering
+    every value as JSON first cost a quarter of stage 1 (Spark makes a JSON generator per string).
+    ``_source``, the JSON text a value was parsed from, gives a zero its sign in serde_json's
+    notation."""
 
     def transform(df: DataFrame) -> DataFrame:
-        exploded = property_entries(df)
-        kind, text = F.col("_entry.kind"), F.col("_entry.text")
-        nested = kind.isin(*NESTED_KINDS)
-        value = F.when(nested, text if rules.nested_values == "json" else F.lit(None)).otherwise(text)
-        key = F.col("property_key")
+        staged = df.withColumn("_type", F.schema_of_variant(VALUE))
+        value, kind = F.col(VALUE), F.col("_type")
+        fast = F.when(kind == "STRING", F.variant_get(value, "$", "string"))
+        fast = fast.when(kind == "BOOLEAN", F.variant_get(value, "$", "boolean").cast("string"))
+        if notation != SERDE_JSON:  # serde_json writes some integers otherwise (past 64 bits, -0)
+            fast = fast.when(kind.isin(*INTEGER_TYPES), F.variant_get(value, "$", "bigint").cast("string"))
+        json = F.to_json(value)
+        null = kind == "VOID"
+        text = F.when(~null, F.coalesce(fast, value_text(json, value, notation)))
+        if notation == SERDE_JSON and sources:
+            text = F.when(negative_zero(F.col("property_key"), json, F.col("_source")), F.lit("-0.0")).otherwise(text)
+        nested = kind.startswith("OBJECT") | kind.startswith("ARRAY")
+        out = F.when(nested, text if rules.nested_values == "json" else F.lit(None)).otherwise(text)
+        valued = staged.withColumn("property_value", out)
+        key, written = F.col("property_key"), F.col("property_value")
         reason = F.coalesce(
             F.when(F.col("property_type").isNull(), F.lit("bad_group_index")),
             F.when(key.isNull() | (key == ""), F.lit("empty_key")),
-            F.when(kind == NULL, F.lit("null_value")),
+            F.when(null, F.lit("null_value")),
             F.when(nested, F.lit("nested_value")) if rules.nested_values == "skip" else F.lit(None),
-            F.when(value == "", F.lit("empty_value")),
+            F.when(written == "", F.lit("empty_value")),
             F.when(F.length(key) > rules.max_key_length, F.lit("key_too_long")),
-            F.when(F.length(value) > rules.max_value_length, F.lit("value_too_long")),
+            F.when(F.length(written) > rules.max_value_length, F.lit("value_too_long")),
             F.when(key.isin(*rules.excluded_keys), F.lit("excluded_key")) if rules.excluded_keys else F.lit(None),
         )
-        return exploded.select(
-            "team_id",
-            "bucket",
-            "event_time",
-            "batch_id",
-            "property_type",
-            "property_key",
-            value.alias("property_value"),
-            reason.alias(SKIP_REASON),
-        )
+        return valued.withColumn(SKIP_REASON, reason).drop("_type", VALUE, "_source")
 
     return transform
 
 
-def tuple_counts(width: timedelta) -> Callable[[DataFrame], DataFrame]:
-    """Fan-out rows -> their count and newest event time per tuple, window, source batch and skip
-    reason: stage 1's partials (the rows without a reason) and its skip figures in one
-    aggregation."""
+def fan_out(rules: FanoutRules, notation: str = JAVASCRIPT) -> Callable[[DataFrame], DataFrame]:
+    """Silver events -> one row per property entry, with ``property_value`` in its canonical text
+    and a ``skip_reason`` (null for a tuple that counts)."""
+
+    def transform(df: DataFrame) -> DataFrame:
+        serde = notation == SERDE_JSON
+        return property_entries(df, sources=serde).transform(_valued(rules, notation, serde))
+
+    return transform
+
+
+def tuple_counts(rules: FanoutRules, width: timedelta, notation: str = JAVASCRIPT) -> Callable[[DataFrame], DataFrame]:
+    """Silver events -> the count and newest event time per tuple, window, source batch and skip
+    reason: stage 1's partials (the rows without a reason) and its skip figures in one aggregation."""
 
     def transform(df: DataFrame) -> DataFrame:
         return (
-            df.withColumn(WINDOW_START, window_start(F.col("event_time"), width))
+            df.transform(fan_out(rules, notation))
+            .withColumn(WINDOW_START, window_start(F.col("event_time"), width))
             .groupBy(*TUPLE, "bucket", WINDOW_START, "batch_id", SKIP_REASON)
             .agg(F.count(F.lit(1)).alias("count"), F.max("event_time").alias("max_event_time"))
         )
@@ -227,13 +317,17 @@ def counted_partials(created_at: Column | None = None) -> Callable[[DataFrame], 
 
 
 def partials(width: timedelta, created_at: Column | None = None) -> Callable[[DataFrame], DataFrame]:
-    """Fan-out rows -> partial counts per tuple, window and source batch of the tuples that count
-    (stage 1)."""
+    """Fan-out rows (:func:`fan_out`) -> partial counts per tuple, window and source batch of the
+    tuples that count (stage 1)."""
 
     def transform(df: DataFrame) -> DataFrame:
-        return (
-            df.where(F.col(SKIP_REASON).isNull()).transform(tuple_counts(width)).transform(counted_partials(created_at))
+        counted = (
+            df.where(F.col(SKIP_REASON).isNull())
+            .withColumn(WINDOW_START, window_start(F.col("event_time"), width))
+            .groupBy(*TUPLE, "bucket", WINDOW_START, "batch_id", SKIP_REASON)
+            .agg(F.count(F.lit(1)).alias("count"), F.max("event_time").alias("max_event_time"))
         )
+        return counted.transform(counted_partials(created_at))
 
     return transform
 

@@ -1,7 +1,7 @@
 """Silver events: bronze events with event time, lineage and a team bucket.
 
-The property documents come from bronze, where each event was parsed once: silver keeps them as
-they are, parsing nothing.
+The event's JSON comes from bronze as it landed (``raw``): silver keeps it as it is, parsing nothing,
+and gold reads the properties from it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
-from bronze.properties import DOCUMENT, DOCUMENT_COLUMNS
 from silver.buckets import BUCKET, BucketMapping, assign_buckets
 
 SILVER_EVENTS_SCHEMA = StructType(
@@ -25,8 +24,8 @@ SILVER_EVENTS_SCHEMA = StructType(
         StructField(BUCKET, IntegerType()),
         StructField("batch_id", StringType()),  # the bronze batch (pod flush) the event came in
         StructField("ingest_time", TimestampType()),
-        # properties and person_properties as bronze parsed them (bronze.properties): what gold fans out.
-        *(StructField(c, DOCUMENT) for c in DOCUMENT_COLUMNS),
+        # The event's JSON as it landed: what gold fans out (its properties and person properties).
+        StructField("raw", StringType()),
     ]
 )
 SILVER_EVENTS_COLUMNS = [f.name for f in SILVER_EVENTS_SCHEMA.fields]

@@ -10,11 +10,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -24,7 +22,6 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from bronze.landing import LANDING_SCHEMA
-from bronze.properties import DOCUMENT_COLUMNS
 from pipelines.config.settings import RemoteWriteSettings, env_name
 from pipelines.demo.data import PAGE_CHANGE_FILES
 from pipelines.runtime.tables import BRONZE_QUARANTINE, BRONZE_SAMPLES
@@ -63,19 +60,6 @@ def landing(spark: SparkSession, records: list[bytes], name: str = "/tmp/input.j
         }
     )
     return conform_df(spark.createDataFrame(table), LANDING_SCHEMA)
-
-
-def documents_of(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A bronze or silver event row (a Spark row as a dict, or an Arrow row) with each property
-    document as its entries sorted by key, ``(key, kind, text)``: maps compared as values, whatever
-    order their entries were built in."""
-    out = dict(row)
-    for c in DOCUMENT_COLUMNS:
-        doc = out.get(c)
-        if doc is not None:
-            items = doc.items() if isinstance(doc, Mapping) else doc
-            out[c] = tuple(sorted((k, v["kind"], v["text"]) for k, v in items))
-    return out
 
 
 def fixture_page_changes(spark: SparkSession) -> DataFrame:

@@ -192,14 +192,14 @@ def _evict(folder: Path, keep: int = KEEP) -> None:
 
 def _work(spark: SparkSession) -> None:
     """The pipeline's transforms on a few events, so that the JVM loads what a run loads: the
-    JSON and variant parse of bronze, silver's property documents and buckets, gold's fan-out and
-    aggregation, and a Parquet write and read."""
+    JSON and variant parse of bronze, silver's buckets, gold's fan-out and aggregation, and a
+    Parquet write and read."""
     import json
     from datetime import UTC, datetime
 
     from bronze.events import parse_events
     from bronze.landing import LANDING_SCHEMA, valid
-    from gold.property_values import fan_out, partials
+    from gold.property_values import counted_partials, tuple_counts
     from pipelines.config import layers
     from pipelines.config.settings import Settings
     from silver.events import to_silver_events
@@ -222,7 +222,8 @@ def _work(spark: SparkSession) -> None:
     parsed = landing.transform(parse_events(settings.kafka.max_message_bytes))
     bronze = valid(parsed, [c for c in parsed.columns if c not in ("value", "reason")])
     silver = bronze.transform(to_silver_events(layers.bucket_mapping(settings)))
-    gold = silver.transform(fan_out(layers.fanout_rules(settings))).transform(partials(settings.gold.window))
+    counts = tuple_counts(layers.fanout_rules(settings), settings.gold.window, settings.bronze.number_notation)
+    gold = silver.transform(counts).where("skip_reason IS NULL").transform(counted_partials())
     with tempfile.TemporaryDirectory(prefix="medallion-classes-") as folder:
         gold.write.parquet(f"{folder}/gold")
         # A row per team of four events: read back to load the read path's classes.

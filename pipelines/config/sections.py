@@ -136,10 +136,10 @@ class BronzeSettings(_Section):
     number_notation: Literal["javascript", "serde_json"] = Field(
         default="javascript",
         description=(
-            "how a property's number is written in the documents bronze parses each event into (and so "
-            "in gold's values and ClickHouse): JavaScript's String(x) (1, 0.000001, 1e+21), or "
-            "serde_json's as PostHog's property-vals-rs writes it (1.0, 1e-6, 1e21); events landed "
-            "before a change keep the notation they were landed with"
+            "how a property's number is written in gold's values (and so in ClickHouse and the "
+            "counters): JavaScript's String(x) (1, 0.000001, 1e+21), or serde_json's as PostHog's "
+            "property-vals-rs writes it (1.0, 1e-6, 1e21); gold writes each event's numbers from its "
+            "JSON as it counts it, so a change applies to what is counted after it"
         ),
     )
 

@@ -48,7 +48,8 @@ def gold_frames(store: TableStore, settings: Settings) -> Frames | None:
     note = None
     if fanned is not None and merged is not None and merged == store.version(GOLD_PARTIALS):
         events = store.read_inserted(SILVER_EVENTS, 0, fanned)
-        tuples = events.transform(fan_out(fanout_rules(settings))).where("skip_reason IS NULL").count()
+        fanned_out = events.transform(fan_out(fanout_rules(settings), settings.bronze.number_notation))
+        tuples = fanned_out.where("skip_reason IS NULL").count()
         figures["fanout_tuples"] = tuples
     else:
         note = "partials_equal_fanout skipped: gold runs per bucket or the merge is behind its partials"

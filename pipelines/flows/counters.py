@@ -38,7 +38,7 @@ NO_REGISTRY = "no counter registry configured (counters.registry)"
 @dataclass(frozen=True)
 class CounterConfig:
     """What the counter flows are configured with: the registry (None: no counters), the window and
-    the notation the property documents' numbers are written in (which a registry value matches)."""
+    the notation properties' numbers are written in (which a registry value matches)."""
 
     registry: Registry | None
     window: timedelta

@@ -16,7 +16,6 @@ from gold.property_values import (
     FanoutRules,
     TeamFilter,
     counted_partials,
-    fan_out,
     merge_on,
     merge_source,
     skip_figures,
@@ -35,10 +34,14 @@ class GoldConfig:
     rules: FanoutRules
     teams: TeamFilter
     window: timedelta
+    #: How numbers are written (``bronze.number_notation``).
+    notation: str
 
 
 def gold_config(settings: Settings) -> GoldConfig:
-    return GoldConfig(fanout_rules(settings), team_filter(settings), settings.gold.window)
+    return GoldConfig(
+        fanout_rules(settings), team_filter(settings), settings.gold.window, settings.bronze.number_notation
+    )
 
 
 def counted_teams(teams: TeamFilter, rows: DataFrame, record: FlowRecord, metric: str) -> DataFrame:
@@ -66,7 +69,7 @@ def partials(batch: Batch, config: GoldConfig, record: FlowRecord) -> DataFrame:
     """
     events = counted_teams(config.teams, batch.rows, record, "filtered_teams.events")
     events = record.observe(INPUT_EVENTS, events, rows=F.count(F.lit(1)))
-    counts = events.transform(fan_out(config.rules)).transform(tuple_counts(config.window))
+    counts = events.transform(tuple_counts(config.rules, config.window, config.notation))
     counts = record.observe(TUPLES, counts, **skip_figures())
     # No tuple (a batch all filtered out or without properties): no sum to hold the batch against.
     record.check_with(tuples=lambda: int(record.observed(TUPLES, query=False).get(COUNTED) or 0) or None)

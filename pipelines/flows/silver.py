@@ -64,7 +64,7 @@ def events(batch: Batch, config: SilverConfig, record: FlowRecord) -> DataFrame:
     dropped and counted (:mod:`silver.dedup`).
 
     Not cached: the gate's checks and the figures read the event columns only, and the write
-    copies bronze's property documents as they are (bronze parsed each event once).
+    copies the event's JSON as it landed (gold reads its properties from it).
     """
     rows = batch.rows.transform(assign_buckets(config.mapping)).transform(in_buckets(batch.options.buckets))
     if config.horizon:

@@ -44,14 +44,13 @@ class Kind:
     bronze's checks it adds."""
 
     target: TableSpec
-    #: ``(max_bytes, notation)`` -> landing rows -> parsed rows (with ``REASON`` for the ones
-    #: quarantined); the notation of the numbers in the property documents the parse builds.
-    parse: Callable[[int, str], Callable[[DataFrame], DataFrame]]
+    #: ``max_bytes`` -> landing rows -> parsed rows (with ``REASON`` for the ones quarantined).
+    parse: Callable[[int], Callable[[DataFrame], DataFrame]]
     columns: list[str]
     #: Parsed rows -> whether the row's document repeats a key (counted as ``duplicate_keys``).
     repeats_keys: Callable[[DataFrame], Column] | None = None
     #: Parses message values in this process (``kafka.parse_in_process``), without Spark.
-    parse_values: Callable[[Sequence[bytes | None], int, str], ParsedValues] | None = None
+    parse_values: Callable[[Sequence[bytes | None], int], ParsedValues] | None = None
 
 
 KINDS = {
@@ -62,9 +61,7 @@ KINDS = {
         repeats_keys=lambda parsed: duplicate_keys(parsed["raw"]),
         parse_values=parse_event_values,
     ),
-    "page_changes": Kind(
-        BRONZE_PAGE_CHANGES, lambda max_bytes, _: parse_page_changes(max_bytes), BRONZE_PAGE_CHANGES_COLUMNS
-    ),
+    "page_changes": Kind(BRONZE_PAGE_CHANGES, parse_page_changes, BRONZE_PAGE_CHANGES_COLUMNS),
 }
 
 
@@ -73,7 +70,7 @@ class Landed:
     """Landing rows parsed once: rows for the bronze table and rows for the quarantine.
 
     Both derive from one cached parse. The pass that fills the cache counts the rows parsed and
-    the documents that repeat a key as it reads them (``DataFrame.observe``): :meth:`count` them
+    the messages that repeat a key as it reads them (``DataFrame.observe``): :meth:`count` them
     once a first action has read the rows, then :meth:`release` the cache.
     """
 
@@ -118,7 +115,7 @@ def parse_landing(
     spec = KINDS[kind]
     target = spec.target
     rows = ctx.spark.createDataFrame(landing) if isinstance(landing, pa.Table) else landing
-    parsed = rows.transform(spec.parse(ctx.settings.kafka.max_message_bytes, ctx.settings.bronze.number_notation))
+    parsed = rows.transform(spec.parse(ctx.settings.kafka.max_message_bytes))
     counted = {"rows": F.count(F.lit(1)), "bad": F.count_if(F.col(REASON).isNotNull())}
     if spec.repeats_keys is not None:
         counted["duplicate_keys"] = F.count_if(F.col(REASON).isNull() & spec.repeats_keys(parsed))
@@ -133,7 +130,7 @@ def parse_landing(
             raise
         landed.good, landed.read, landed.dropped = checked.kept, True, checked.dropped_rows
         if checked.dropped is not None:
-            landed.bad = landed.bad.unionByName(quality.to_quarantine(checked.dropped, kind))
+            landed.bad = landed.bad.unionByName(quality.to_quarantine(checked.dropped, kind, landed=True))
     return landed
 
 
@@ -249,7 +246,7 @@ def _land_in_one_pass(
 
     spec = KINDS[kind]
     target = spec.target
-    parsed = landing.transform(spec.parse(ctx.settings.kafka.max_message_bytes, ctx.settings.bronze.number_notation))
+    parsed = landing.transform(spec.parse(ctx.settings.kafka.max_message_bytes))
     counted = {"rows": F.count(F.lit(1)), "bad": F.count_if(F.col(REASON).isNotNull())}
     if spec.repeats_keys is not None:
         counted["duplicate_keys"] = F.count_if(F.col(REASON).isNull() & spec.repeats_keys(parsed))
@@ -306,7 +303,7 @@ def _to_quarantine(
         return bad, n_bad
     ctx.say(validation.summary())
     assert validation.dropped is not None
-    dropped = quality.to_quarantine(validation.dropped, kind)
+    dropped = quality.to_quarantine(validation.dropped, kind, landed=True)
     return (dropped if bad is None else bad.unionByName(dropped)), n_bad + validation.dropped_rows
 
 

@@ -42,10 +42,7 @@ def land_messages(
     bad: list[pa.Table] = []
     rest = landing
     if spec.parse_values is not None and ctx.settings.kafka.parse_in_process:
-        settings = ctx.settings
-        parsed = spec.parse_values(
-            [m.value for m in messages], settings.kafka.max_message_bytes, settings.bronze.number_notation
-        )
+        parsed = spec.parse_values([m.value for m in messages], ctx.settings.kafka.max_message_bytes)
         if parsed.accepted:
             where = landing.take(pa.array(parsed.accepted, pa.int64()))
             fields = {**{c: parsed.rows[c] for c in parsed.rows.column_names}, **{c: where[c] for c in LANDING_COLUMNS}}

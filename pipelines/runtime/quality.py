@@ -234,7 +234,7 @@ def gate_arrow(ctx: Context, record: RunRecord, table: str, rows: pa.Table, kind
         df = ctx.spark.createDataFrame(rows).persist()
         checked = run_suite(ctx, record, suite, df)
         kept = checked.kept.toArrow()
-        dropped = None if checked.dropped is None else to_quarantine(checked.dropped, kind).toArrow()
+        dropped = None if checked.dropped is None else to_quarantine(checked.dropped, kind, landed=True).toArrow()
         df.unpersist()
         return kept, dropped if dropped is not None else empty
     record_results(record, validation)
@@ -257,16 +257,17 @@ def gate_arrow(ctx: Context, record: RunRecord, table: str, rows: pa.Table, kind
     return validation.kept, conform(pa.table(quarantine), BRONZE_QUARANTINE.arrow_schema)
 
 
-def to_quarantine(dropped: DataFrame, kind: str) -> DataFrame:
+def to_quarantine(dropped: DataFrame, kind: str, landed: bool = False) -> DataFrame:
     """Rows a ``drop`` expectation removed, in the quarantine table's shape.
 
-    ``raw`` is the row as it was (the landed text for bronze, the row as JSON further down).
+    ``raw`` is the row as it was: for ``landed`` rows (bronze's, as they landed) the landed text,
+    further down the row as JSON (a silver event's with the message it came in among its fields).
     """
     from expectations.runner import DROPPED_BY
 
     columns = set(dropped.columns)
     data = [c for c in dropped.columns if c != DROPPED_BY]
-    raw = F.col(RAW) if RAW in columns else F.to_json(F.struct(*data))
+    raw = F.col(RAW) if landed else F.to_json(F.struct(*data))
     before, after = DROPPED_REASON
     row = quarantine_row(
         F.lit(kind),

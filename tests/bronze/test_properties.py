@@ -1,34 +1,29 @@
-"""Property documents, parsed once where the event is: each value's JSON kind and canonical text, by hand."""
+"""A property value's kind and canonical text, from the value itself and its JSON text, by hand."""
 
 from __future__ import annotations
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from bronze.properties import DOCUMENT_COLUMNS, JAVASCRIPT, SERDE_JSON, _documents, parse_documents
-
-SCHEMA = "properties string, person_properties string"
+from bronze.properties import value_kind, value_text
 
 
-def documents(spark: SparkSession, properties: str | None, person: str | None = None) -> dict:
-    row = (
-        spark.createDataFrame([(properties, person)], SCHEMA)
-        .transform(parse_documents())
-        .select(*[F.col(c) for c in DOCUMENT_COLUMNS])
-        .first()
+def values(spark: SparkSession, properties: str) -> dict[str, tuple[str, str | None]]:
+    """Each entry of a JSON object -> (its kind, its canonical text)."""
+    entries = spark.createDataFrame([(properties,)], "properties string").select(
+        F.explode(F.try_variant_get(F.parse_json("properties"), "$", "map<string,variant>")).alias("key", "v")
     )
-    assert row is not None
-    return {
-        c: None if row[c] is None else {k: (v["kind"], v["text"]) for k, v in row[c].items()} for c in DOCUMENT_COLUMNS
-    }
+    json = F.to_json("v")
+    rows = entries.select("key", value_kind(json, F.col("v")).alias("kind"), value_text(json, F.col("v")).alias("text"))
+    return {r["key"]: (r["kind"], r["text"]) for r in rows.collect()}
 
 
-def test_each_value_keeps_its_kind_and_canonical_text(spark: SparkSession) -> None:
+def test_each_value_has_its_kind_and_canonical_text(spark: SparkSession) -> None:
     props = (
         '{"s":"a \\"q\\" \\u00e9","e":"","n":null,"t":true,"f":false,"i":-0,"big":123456789012345678901234567890,'
         '"d":1.50,"two":2.0,"x":2.5e3,"tiny":1e-7,"o":{"b":1,"a":[2]},"l":[1,"x"]}'
     )
-    assert documents(spark, props)["props"] == {
+    assert values(spark, props) == {
         "s": ("string", 'a "q" é'),
         "e": ("string", ""),
         "n": ("null", None),
@@ -45,31 +40,14 @@ def test_each_value_keeps_its_kind_and_canonical_text(spark: SparkSession) -> No
     }
 
 
-def test_person_set_set_once_and_group_set_are_documents_of_their_own(spark: SparkSession) -> None:
-    props = '{"$set":{"plan":"pro"},"$set_once":{"first":1},"$group_set":{"name":"Acme"},"k":"v"}'
-    got = documents(spark, props, person='{"plan":"free","n":3}')
-    assert got == {
-        "props": {
-            "$set": ("object", '{"plan":"pro"}'),
-            "$set_once": ("object", '{"first":1}'),
-            "$group_set": ("object", '{"name":"Acme"}'),
-            "k": ("string", "v"),
-        },
-        "person_props": {"plan": ("string", "free"), "n": ("integer", "3")},
-        "set_props": {"plan": ("string", "pro")},
-        "set_once_props": {"first": ("integer", "1")},
-        "group_set_props": {"name": ("string", "Acme")},
+def test_a_string_is_its_own_text_whatever_it_looks_like(spark: SparkSession) -> None:
+    # A string that reads as a number, a boolean or an object keeps its text: only numbers are rewritten.
+    props = '{"a":"1.0","b":"2.5e3","c":"true","d":"{\\"x\\": 1}","e":"null","f":"-0"}'
+    assert values(spark, props) == {
+        "a": ("string", "1.0"),
+        "b": ("string", "2.5e3"),
+        "c": ("string", "true"),
+        "d": ("string", '{"x": 1}'),
+        "e": ("string", "null"),
+        "f": ("string", "-0"),
     }
-
-
-def test_text_that_is_not_an_object_gives_no_document(spark: SparkSession) -> None:
-    for text in (None, "[1,2]", "not json", '"s"'):
-        assert documents(spark, text, person=text) == dict.fromkeys(DOCUMENT_COLUMNS)
-    assert documents(spark, '{"$set":"x","$set_once":[1]}')["set_props"] is None
-
-
-def test_the_document_columns_are_built_once_per_session(spark: SparkSession) -> None:
-    # Building them is several hundred JVM calls; every silver run of a session reuses them.
-    first = _documents(spark, JAVASCRIPT)
-    assert _documents(spark, JAVASCRIPT) is first
-    assert _documents(spark, SERDE_JSON) is not first  # one set per notation

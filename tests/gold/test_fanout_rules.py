@@ -6,7 +6,8 @@ JavaScript's ``String(JSON.parse(token))``; one test asks Node itself when it is
 
 Every case goes through bronze's parse as the pipeline runs it, in each lane: Spark's
 (:func:`bronze.events.parse_events`, files) and the Kafka ingest process's
-(:func:`bronze.event_values.parse_event_values`, which leaves what it is unsure of to Spark).
+(:func:`bronze.event_values.parse_event_values`, which leaves what it is unsure of to Spark); and
+through gold's entries (:func:`fan_out`) and stage 1's counts of them (:func:`tuple_counts`).
 """
 
 from __future__ import annotations
@@ -27,8 +28,15 @@ from pyspark.testing import assertDataFrameEqual
 from bronze.event_values import parse_event_values
 from bronze.events import BRONZE_EVENTS_COLUMNS, parse_events
 from bronze.landing import valid
-from bronze.properties import DOCUMENT_COLUMNS, JAVASCRIPT, SERDE_JSON
-from gold.property_values import FanoutRules, fan_out, merge_source, partials
+from bronze.properties import JAVASCRIPT, SERDE_JSON
+from gold.property_values import (
+    FanoutRules,
+    counted_partials,
+    fan_out,
+    merge_source,
+    partials,
+    tuple_counts,
+)
 from tests.helpers import landing
 
 T = datetime(2024, 6, 1, 0, 0, 10, tzinfo=UTC)
@@ -40,10 +48,21 @@ MAX_BYTES = 1 << 20
 Event = tuple[int, str, datetime, str, str | None, str | None]
 
 
-@pytest.fixture(params=["spark", "in-process"])
+@pytest.fixture(params=["spark", "in-process", "counted"])
 def lane(request: pytest.FixtureRequest) -> str:
-    """Which parser lands the events: Spark's, or the Kafka ingest process's (Spark for the rest)."""
+    """Which parser lands the events: Spark's, or the Kafka ingest process's (Spark for the rest);
+    ``counted``: Spark's, then stage 1's counts (:func:`tuple_counts`) rather than the entries."""
     return str(request.param)
+
+
+def entries(df: DataFrame, rules: FanoutRules, lane: str, notation: str = JAVASCRIPT) -> DataFrame:
+    """Silver events -> one row per entry, as :func:`fan_out` gives them; in the ``counted`` lane, as
+    :func:`tuple_counts` counts them, each tuple repeated as many times as it counted."""
+    if lane != "counted":
+        return df.transform(fan_out(rules, notation))
+    counts = df.transform(tuple_counts(rules, timedelta(seconds=30), notation))
+    one = F.struct("team_id", "property_type", "property_key", "property_value", "skip_reason")
+    return counts.select(F.inline(F.array_repeat(one, F.col("count").cast("int"))))
 
 
 def message(i: int, e: Event) -> bytes:
@@ -60,7 +79,7 @@ def message(i: int, e: Event) -> bytes:
     return ("{" + ",".join(fields) + "}").encode()
 
 
-def silver_events(spark: SparkSession, events: list[Event], lane: str, notation: str = JAVASCRIPT) -> DataFrame:
+def silver_events(spark: SparkSession, events: list[Event], lane: str) -> DataFrame:
     """The events as bronze lands them in ``lane`` (a message that is not JSON is quarantined),
     with the columns gold reads from silver (bucket 0; the batch as given)."""
     values = [message(i, e) for i, e in enumerate(events)]
@@ -68,13 +87,13 @@ def silver_events(spark: SparkSession, events: list[Event], lane: str, notation:
     rest = list(range(len(values)))
     lanes = []
     if lane == "in-process":
-        parsed = parse_event_values(values, MAX_BYTES, notation)
+        parsed = parse_event_values(values, MAX_BYTES)
         if parsed.accepted:
             rows = parsed.rows.append_column("offset", pa.array(parsed.accepted, pa.int64()))
             lanes.append(spark.createDataFrame(rows))
         rest = parsed.deferred
     if rest:
-        spark_rows = landing(spark, [values[i] for i in rest]).transform(parse_events(MAX_BYTES, notation))
+        spark_rows = landing(spark, [values[i] for i in rest]).transform(parse_events(MAX_BYTES))
         positions = spark.createDataFrame([(k, i) for k, i in enumerate(rest)], "k long, offset long")
         good = valid(spark_rows, BRONZE_EVENTS_COLUMNS).withColumnRenamed("offset", "k").join(positions, "k")
         lanes.append(good)
@@ -87,7 +106,7 @@ def silver_events(spark: SparkSession, events: list[Event], lane: str, notation:
         "event",
         F.col("timestamp").alias("event_time"),
         F.col("batch").alias("batch_id"),
-        *DOCUMENT_COLUMNS,
+        "raw",
     )
 
 
@@ -100,10 +119,9 @@ def fanned(
     rules: FanoutRules = DEFAULT,
     notation: str = JAVASCRIPT,
 ) -> DataFrame:
-    return (
-        silver_events(spark, [(7, event, T, "b1", properties, person)], lane, notation)
-        .transform(fan_out(rules))
-        .select("property_type", "property_key", "property_value", "skip_reason")
+    events = silver_events(spark, [(7, event, T, "b1", properties, person)], lane)
+    return entries(events, rules, lane, notation).select(
+        "property_type", "property_key", "property_value", "skip_reason"
     )
 
 
@@ -288,10 +306,9 @@ def test_property_vals_rs_fan_out_cases_give_its_tuples(spark: SparkSession, lan
         spark,
         [(team, "$pageview", T, "b1", blob, person) for team, (blob, person, _) in enumerate(cases)],
         lane,
-        notation,
     )
     rows = (
-        events.transform(fan_out(FanoutRules(excluded_keys=excluded)))
+        entries(events, FanoutRules(excluded_keys=excluded), lane, notation)
         .where("skip_reason IS NULL")
         .select("team_id", "property_key", "property_value")
         .collect()
@@ -495,13 +512,13 @@ def test_stage_two_sums_a_tuple_over_batches_and_events_in_its_window(spark: Spa
         (7, "e", T + timedelta(seconds=10), "b2", '{"plan":"pro"}', '{"plan":"pro"}'),
         (8, "e", T, "b2", '{"plan":"pro"}', None),
     ]
-    gold = (
-        silver_events(spark, rows, lane)
-        .transform(fan_out(FanoutRules()))
-        .transform(partials(timedelta(seconds=30)))
-        .transform(merge_source())
-        .select("team_id", "property_type", "property_key", "property_value", "count")
-    )
+    events, width = silver_events(spark, rows, lane), timedelta(seconds=30)
+    if lane == "counted":  # stage 1 as the flow runs it
+        parts = events.transform(tuple_counts(FanoutRules(), width)).where("skip_reason IS NULL")
+        parts = parts.transform(counted_partials())
+    else:
+        parts = events.transform(fan_out(FanoutRules())).transform(partials(width))
+    gold = parts.transform(merge_source()).select("team_id", "property_type", "property_key", "property_value", "count")
     expect_rows = [
         (7, "event", "plan", "pro", 3),
         (7, "event", "n", "1", 2),

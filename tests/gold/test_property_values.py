@@ -7,27 +7,25 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from bronze.properties import parse_documents
 from gold.property_values import FanoutRules, fan_out, merge_source, partials
 from pipelines.demo.data import posthog_events
 
 T = datetime(2024, 6, 1, 0, 0, 10, tzinfo=UTC)
-EVENTS = "team_id long, bucket int, event string, event_time timestamp, batch_id string, properties string, person_properties string"
+EVENTS = "team_id long, bucket int, event string, event_time timestamp, batch_id string, raw string"
+
+
+def raw(name: str, props: dict | str | None, person: dict | None = None) -> str:
+    """An event's JSON, as silver keeps it: ``props`` as an object, or as the JSON text given."""
+    fields = [f'"event":{json.dumps(name)}']
+    if props is not None:
+        fields.append(f'"properties":{props if isinstance(props, str) else json.dumps(props)}')
+    if person:
+        fields.append(f'"person_properties":{json.dumps(person)}')
+    return "{" + ",".join(fields) + "}"
 
 
 def events(spark: SparkSession, rows: list[tuple[str, dict | str, dict | None]], team: int = 7) -> DataFrame:
-    data = [
-        (
-            team,
-            0,
-            name,
-            T,
-            "b1",
-            props if isinstance(props, str) else json.dumps(props),
-            json.dumps(person) if person else None,
-        )
-        for name, props, person in rows
-    ]
+    data = [(team, 0, name, T, "b1", raw(name, props, person)) for name, props, person in rows]
     return spark.createDataFrame(data, EVENTS)
 
 
@@ -35,11 +33,7 @@ DEFAULT_RULES = FanoutRules()
 
 
 def tuples(df: DataFrame, rules: FanoutRules = DEFAULT_RULES) -> DataFrame:
-    return (
-        df.transform(parse_documents())
-        .transform(fan_out(rules))
-        .select("property_type", "property_key", "property_value", "skip_reason")
-    )
+    return df.transform(fan_out(rules)).select("property_type", "property_key", "property_value", "skip_reason")
 
 
 TUPLE = "property_type string, property_key string, property_value string, skip_reason string"
@@ -124,15 +118,16 @@ def test_length_limits_and_excluded_keys(spark: SparkSession) -> None:
 def test_properties_given_as_json_string_fan_out_the_same(spark: SparkSession) -> None:
     as_obj = tuples(events(spark, [("e", {"a": "1"}, None)]))
     as_str = tuples(events(spark, [("e", json.dumps(json.dumps({"a": "1"})), None)]))
-    assert as_obj.collect() == [("event", "a", "1", None)]
-    # A JSON *string* property column is an invalid silver row; it yields nothing rather than garbage.
-    assert as_str.count() == 0
+    assert as_obj.collect() == as_str.collect() == [("event", "a", "1", None)]
+    # Any other string, or no object at all, holds no properties.
+    for given in ('"not an object"', "[1]", "3", "null"):
+        assert tuples(events(spark, [("e", given, None)])).count() == 0
 
 
 def test_real_posthog_fixtures_fan_out_every_property(spark: SparkSession) -> None:
     fixture = list(posthog_events())
     df = events(spark, [(e["event"], e["properties"], None) for e in fixture])
-    out = df.transform(parse_documents()).transform(fan_out(FanoutRules()))
+    out = df.transform(fan_out(FanoutRules()))
     assert out.count() == sum(
         len(e["properties"])
         + len(e["properties"].get("$set") or {})
@@ -154,15 +149,15 @@ def test_partials_count_per_window_and_batch_and_merge_sums_them(spark: SparkSes
     later = T + timedelta(seconds=30)
     df = spark.createDataFrame(
         [
-            (7, 0, "e", T, "b1", '{"k":"v"}', None),
-            (7, 0, "e", T, "b2", '{"k":"v"}', None),
-            (7, 0, "e", T, "b2", '{"k":"v"}', None),
-            (7, 0, "e", later, "b2", '{"k":"v"}', None),
+            (7, 0, "e", T, "b1", raw("e", {"k": "v"})),
+            (7, 0, "e", T, "b2", raw("e", {"k": "v"})),
+            (7, 0, "e", T, "b2", raw("e", {"k": "v"})),
+            (7, 0, "e", later, "b2", raw("e", {"k": "v"})),
         ],
         EVENTS,
     )
     created = datetime(2026, 1, 1, tzinfo=UTC)
-    parts = df.transform(parse_documents()).transform(fan_out(FanoutRules())).transform(partials(timedelta(seconds=30)))
+    parts = df.transform(fan_out(FanoutRules())).transform(partials(timedelta(seconds=30)))
     w0, w1 = datetime(2024, 6, 1, tzinfo=UTC), datetime(2024, 6, 1, 0, 0, 30, tzinfo=UTC)
     assertDataFrameEqual(
         parts.select("window_start", "batch_id", "count"),

@@ -33,7 +33,7 @@ T = datetime(2024, 6, 1)
 
 def silver_rows(spark: SparkSession, buckets: list[int]) -> DataFrame:
     return spark.createDataFrame(
-        [(f"u{b}", "e", 1, "d", T, b, f"b{b}", T, {}, None, None, None, None) for b in buckets],
+        [(f"u{b}", "e", 1, "d", T, b, f"b{b}", T, "{}") for b in buckets],
         SILVER_EVENTS.schema,
     )
 

@@ -21,7 +21,6 @@ from pipelines.runtime.eventlog import RunRecord
 from pipelines.runtime.ingest_kafka import land_messages
 from pipelines.runtime.runner import Context
 from pipelines.storage import open_store
-from tests.helpers import documents_of
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -58,7 +57,7 @@ def land(spark: SparkSession, tmp_path: Path, in_process: bool) -> tuple[pa.Tabl
 
 def comparable(spark: SparkSession, rows: pa.Table) -> list[tuple]:
     kept = rows.drop_columns(["source", "source_file"])
-    return sorted((tuple(documents_of(r).values()) for r in kept.to_pylist()), key=repr)  # a hundred test rows
+    return sorted((tuple(r.values()) for r in kept.to_pylist()), key=repr)  # a hundred test rows
 
 
 def quarantine(rows: pa.Table) -> list[tuple]:

@@ -107,7 +107,7 @@ def _silver_rows(spark: SparkSession, buckets: list[int]):  # type: ignore[no-un
 
     t = datetime(2024, 6, 1)
     return spark.createDataFrame(
-        [(f"u{b}", "e", 1, "d", t, b, f"b{b}", t, {}, None, None, None, None) for b in buckets],
+        [(f"u{b}", "e", 1, "d", t, b, f"b{b}", t, "{}") for b in buckets],
         SILVER_EVENTS.schema,
     )
 

@@ -103,7 +103,7 @@ ONE_LOAD_ORDER = tuple(c for c in LANDING_ORDER if c != "_commit_version")
 def land_events(ctx: Context, rows: DataFrame, write: Write) -> None:
     # Persisted as the job does: both the landed and the quarantined rows come from one parse.
     settings = ctx.settings
-    parsed = rows.transform(parse_events(settings.kafka.max_message_bytes, settings.bronze.number_notation)).persist()
+    parsed = rows.transform(parse_events(settings.kafka.max_message_bytes)).persist()
     write(BRONZE_EVENTS, valid(parsed, BRONZE_EVENTS_COLUMNS))
     write(BRONZE_QUARANTINE, quarantined(parsed, "events"))
     parsed.unpersist()
@@ -158,7 +158,7 @@ def silver_events(ctx: Context, bronze: DataFrame, write: Write) -> None:
 
 def gold(ctx: Context, events: DataFrame, write: Write) -> None:
     # Two steps as in the stage: stage 2 reads what stage 1 wrote.
-    tuples = events.transform(fan_out(layers.fanout_rules(ctx.settings)))
+    tuples = events.transform(fan_out(layers.fanout_rules(ctx.settings), ctx.settings.bronze.number_notation))
     parts = write(GOLD_PARTIALS, tuples.transform(partials(ctx.settings.gold.window)))
     write(GOLD_PROPERTY_VALUES, parts.transform(merge_source()))
 
