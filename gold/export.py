@@ -12,9 +12,10 @@ are held back (counted as gated) until their count reaches it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,16 +29,9 @@ EXPORT_KEY = (*TUPLE, WINDOW_START)
 EXPORT_DATASET = "clickhouse/property_values"  # what the export's quality suite is named by
 EXPORT_COLUMNS = (*EXPORT_KEY, "count")
 
-#: What was exported so far, one row per tuple and window.
+#: A tuple in a window, as ClickHouse keys it (no bucket).
 _TUPLE_WINDOW = [f for f in KEY_FIELDS if f.name != "bucket"]
 
-EXPORTED_SCHEMA = StructType(
-    [
-        *_TUPLE_WINDOW,
-        StructField("exported_count", LongType()),
-        StructField("export_seq", LongType()),
-    ]
-)
 #: One export batch, written before anything is sent so a retry sends exactly the same rows.
 OUTBOX_SCHEMA = StructType(
     [
@@ -175,17 +169,17 @@ def progress_in(rows: pa.RecordBatch | None) -> ExportProgress | None:
     as :func:`progress_of` gives it: times as Spark collects them, naive in the local time zone."""
     if rows is None or not rows.num_rows or not rows["gold_version"][0].is_valid:
         return None
-    newest, through = (_as_collected(rows[c][0].as_py()) for c in ("newest_event", "closed_through"))
+    newest, through = (as_collected(rows[c][0].as_py()) for c in ("newest_event", "closed_through"))
     return ExportProgress(int(rows["gold_version"][0].as_py()), newest, through)
 
 
-def _as_collected(value: datetime) -> datetime:
+def as_collected(value: datetime) -> datetime:
     """A timestamp read from Parquet (stored in UTC; naive where the reader leaves it so) -> as
     pyspark collects it: naive, in the local time zone."""
     return (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone().replace(tzinfo=None)
 
 
-def _as_stored(value: datetime) -> datetime:
+def as_stored(value: datetime) -> datetime:
     """A time as pyspark collects it (naive: local) -> in UTC, to compare with what Parquet stores."""
     return value.astimezone(UTC)
 
@@ -221,7 +215,7 @@ def held_change_bounds(
     (the newest event time counted; the window starts of the late keys) and the late keys
     themselves (:func:`changed_keys`, EXPORT_KEY, one row each), computed in the driver: for a
     feed small enough to hold, where the frame functions would each be a Spark job."""
-    through = pa.scalar(_as_stored(prev.closed_through - width), pa.timestamp("us", "UTC"))
+    through = pa.scalar(as_stored(prev.closed_through - width), pa.timestamp("us", "UTC"))
     images = pc.is_in(changes["_change_type"], pa.array(["insert", "update_postimage"]))
     stamps = changes[WINDOW_START].cast(pa.timestamp("us", "UTC"))
     late = changes.filter(pc.and_kleene(images, pc.less_equal(stamps, through)))
@@ -232,8 +226,8 @@ def held_change_bounds(
         .sort_by([(c, "ascending") for c in EXPORT_KEY])
     )
     found = pc.max(changes["max_event_time"]).as_py()
-    windows = sorted({_as_collected(w) for w in keys[WINDOW_START].to_pylist()})
-    return _later(prev.newest_event, _as_collected(found) if found else None), windows, keys
+    windows = sorted({as_collected(w) for w in keys[WINDOW_START].to_pylist()})
+    return _later(prev.newest_event, as_collected(found) if found else None), windows, keys
 
 
 @dataclass(frozen=True)
@@ -257,7 +251,7 @@ def export_bounds(
 
 
 def incremental_batch(
-    late: DataFrame,
+    late: DataFrame | None,
     late_windows: Sequence[datetime],
     exported: DataFrame,
     width: timedelta,
@@ -275,7 +269,7 @@ def incremental_batch(
         # gold is not read for one.
         none_closed = after is not None and closed_before is not None and closed_before <= after
         fresh = gold.limit(0) if none_closed else gold.where(window_closed(width, after, closed_before))
-        if late_windows:
+        if late_windows and late is not None:
             # Only the late windows' files are read (a list of window starts Parquet statistics
             # can skip by), then only the changed tuples of those windows are kept.
             again = gold.where(F.col(WINDOW_START).isin(list(late_windows))).join(late, list(EXPORT_KEY), "left_semi")
@@ -320,23 +314,11 @@ def last_seen(width: timedelta) -> Column:
     return F.timestamp_micros(F.unix_micros(F.col(WINDOW_START)) + F.lit(w)).alias("last_seen")
 
 
-def exported_rows(outbox: DataFrame) -> DataFrame:
-    """An outbox batch -> its rows of the exported state (EXPORTED_SCHEMA), the MERGE source."""
-    return outbox.select(*EXPORT_COLUMNS[:-1], F.col("total").alias("exported_count"), "export_seq")
-
-
-def held_exported_rows(outbox: pa.Table, seq: int, correction: bool) -> pa.Table:
-    """An outbox batch held in Arrow (EXPORT_COLUMNS, ``total``, ``correction``) -> its rows of
-    the exported state (EXPORTED_SCHEMA's columns) that are, or are not, corrections, sorted by
-    window as the table is clustered: :func:`exported_rows` of a batch small enough to hold."""
-    rows = outbox.filter(pc.equal(outbox["correction"], pa.scalar(correction)))
-    return pa.table(
-        {
-            **{c: rows[c] for c in EXPORT_COLUMNS[:-1]},
-            "exported_count": rows["total"],
-            "export_seq": pa.array([seq] * rows.num_rows, pa.int64()),
-        }
-    ).sort_by(WINDOW_START)
+def exported_of(outbox: DataFrame) -> DataFrame:
+    """Outbox rows (every batch ever sent, or those of some windows) -> what ClickHouse holds of each
+    tuple and window: the counts sent for it, summed (EXPORT_KEY and ``exported_count``, the frame
+    :func:`differences` sets gold against)."""
+    return outbox.groupBy(*EXPORT_KEY).agg(F.sum("count").cast("long").alias("exported_count"))
 
 
 @dataclass(frozen=True)
@@ -363,26 +345,33 @@ class CutFigures:
     sent: BatchFigures
 
 
-def cut_figures(cut: DataFrame) -> CutFigures:
-    """A cut -> its figures, in one aggregation (one row: figures, not rows)."""
+def cut_figure_columns() -> dict[str, Column]:
+    """Over a cut, its figures (:class:`CutFigures`) as aggregates: for a pass that writes the cut
+    to count them as it goes (``DataFrame.observe``)."""
     send = ~F.col("_gated") & ~F.col("_dropped")
 
     def total(c: Column) -> Column:
         return F.coalesce(F.sum(c.cast("long")), F.lit(0))
 
-    found = cut.agg(
-        total(F.col("_gated")),
-        total(F.col("_dropped")),
-        total(send),
-        total(F.when(send, F.col("count"))),
-        total(send & F.col("correction")),
-    ).first()
-    gated, dropped, *sent = (int(v) for v in found) if found else (0,) * 5
-    return CutFigures(gated, dropped, BatchFigures(*sent))
+    return {
+        "gated": total(F.col("_gated")),
+        "dropped": total(F.col("_dropped")),
+        "rows": total(send),
+        "count_sum": total(F.when(send, F.col("count"))),
+        "corrections": total(send & F.col("correction")),
+    }
 
 
-EXPORTED_ON = " AND ".join(f"t.{c} = s.{c}" for c in EXPORT_COLUMNS[:-1])
-EXPORTED_UPDATE = {"exported_count": "s.exported_count", "export_seq": "s.export_seq"}
+def cut_figures_of(found: Mapping[str, Any] | None) -> CutFigures:
+    """The figures :func:`cut_figure_columns` counted (none counted: a cut of no rows)."""
+    got = {k: int((found or {}).get(k) or 0) for k in ("gated", "dropped", "rows", "count_sum", "corrections")}
+    return CutFigures(got["gated"], got["dropped"], BatchFigures(got["rows"], got["count_sum"], got["corrections"]))
+
+
+def cut_figures(cut: DataFrame) -> CutFigures:
+    """A cut -> its figures, in one aggregation (one row: figures, not rows)."""
+    found = cut.agg(*(c.alias(k) for k, c in cut_figure_columns().items())).first()
+    return cut_figures_of(found.asDict() if found else None)
 
 
 def rechunk(batches: Iterable[pa.RecordBatch], rows: int) -> Iterator[pa.Table]:

@@ -9,13 +9,14 @@ from datetime import UTC, datetime, timedelta
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
+from gold.export import exported_of
 from gold.property_values import fan_out
 from pipelines.config.layers import fanout_rules
 from pipelines.config.settings import Settings
 from pipelines.flows import flow_names
 from pipelines.runtime.flow_types import Frames
 from pipelines.runtime.runner import app_id
-from pipelines.runtime.tables import GOLD_EXPORTED, GOLD_PARTIALS, GOLD_PROPERTY_VALUES, SILVER_EVENTS
+from pipelines.runtime.tables import EXPORT_OUTBOX, GOLD_PARTIALS, GOLD_PROPERTY_VALUES, SILVER_EVENTS
 from pipelines.sinks import clickhouse
 from pipelines.storage import TableStore
 
@@ -60,13 +61,14 @@ def gold_frames(store: TableStore, settings: Settings) -> Frames | None:
 
 
 def clickhouse_frames(store: TableStore, settings: Settings) -> Frames | None:
-    """ClickHouse's rows (merged with FINAL) and the figures that tie them to the export state."""
-    if not store.exists(GOLD_EXPORTED):
+    """ClickHouse's rows (merged with FINAL) and the figures that tie them to what the outbox sent."""
+    if not store.exists(EXPORT_OUTBOX):
         return None
     with clickhouse.connect(settings) as client:
         rows = clickhouse.read_property_values(client, settings.clickhouse.database)
     df = store.to_spark(rows)
-    exported = store.read(GOLD_EXPORTED).where("exported_count > 0")
+    # The outbox holds every row sent: what ClickHouse holds, summed per tuple and window.
+    exported = store.read(EXPORT_OUTBOX).transform(exported_of).where("exported_count > 0")
     note = None
     ttl = settings.clickhouse.ttl_days
     if ttl:

@@ -1,15 +1,20 @@
 """The ClickHouse export of gold: closed windows' count changes -> ``property_values``, exactly once.
 
 Each batch is first appended to ``_meta/export_outbox`` under the next batch number (one commit),
-then sent in a fixed order and chunking, each insert carrying the token ``<batch>:<chunk>``, then
-recorded in ``gold/property_value_exports`` under the same number. A run that stopped anywhere in
-between is finished by the next one: it resends the same rows with the same tokens, which
-ClickHouse drops if they had arrived. What a batch holds is gold's rules (:mod:`gold.export`);
+then sent, then recorded in ``_meta/exports`` under the same number. A run that stopped anywhere in
+between is finished by the next one: it resends the same rows with the same insert token, which
+ClickHouse drops if they had arrived. The outbox holds every row ever sent, so it is also what
+ClickHouse holds: a late count's correction is set against the counts the outbox sent for its
+tuple (:func:`gold.export.exported_of`). What a batch holds is gold's rules (:mod:`gold.export`);
 this module moves it.
+
+The embedded engine reads a batch's outbox files itself, in one insert with one token; a server
+gets them from the driver, a chunk of ``clickhouse.insert_chunk_rows`` rows per insert.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -17,8 +22,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from gold.export import (
@@ -26,20 +31,22 @@ from gold.export import (
     EXPORT_COLUMNS,
     EXPORT_DATASET,
     EXPORT_KEY,
-    EXPORTED_ON,
-    EXPORTED_UPDATE,
     PROGRESS_COLUMNS,
     BatchFigures,
+    CutFigures,
     ExportProgress,
+    as_collected,
+    as_stored,
     batch_figures,
     change_bounds,
     changed_keys,
+    cut_figure_columns,
     cut_figures,
+    cut_figures_of,
     export_batch,
     export_bounds,
-    exported_rows,
+    exported_of,
     held_change_bounds,
-    held_exported_rows,
     in_send_order,
     incremental_batch,
     newest_event,
@@ -54,26 +61,34 @@ from pipelines.config.sections import ClickHouseSettings, GoldSettings
 from pipelines.config.settings import Settings
 from pipelines.errors import StorageError
 from pipelines.flows import flow_names
-from pipelines.runtime.flow_types import DeclaredTables, ExportRun, FlowRecord
+from pipelines.runtime.flow_types import DeclaredTables, ExportRun, FlowRecord, WriteGate
 from pipelines.runtime.runner import app_id
-from pipelines.runtime.tables import EXPORT_OUTBOX, EXPORTS, GOLD_EXPORTED, GOLD_PROPERTY_VALUES
+from pipelines.runtime.tables import EXPORT_OUTBOX, EXPORTS, GOLD_PROPERTY_VALUES
 from pipelines.sinks import clickhouse
 from pipelines.storage import AppTxn
 
 APP = app_id(flow_names.EXPORT_CLICKHOUSE, GOLD_PROPERTY_VALUES)
-#: A batch of at most this many rows is read from its outbox files into the driver once, and sent
-#: and recorded from there (a few MB); a larger one is streamed to ClickHouse and recorded by Spark.
+#: A batch of at most this many rows is written to the outbox from the driver, where the store
+#: writes there (a few MB); a larger one is written by Spark.
 HELD_BATCH_ROWS = 100_000
 #: Gold's change feed since the last batch is read into the driver up to this many rows (counted
 #: from the log first: a few MB), where a Spark job would find its bounds and late keys.
 HELD_CHANGE_ROWS = 100_000
 #: The late keys of a held change feed, as a frame (EXPORT_KEY).
 LATE_KEYS = StructType([f for f in KEY_FIELDS if f.name in EXPORT_KEY])
-#: The outbox columns a held batch is read with: what is sent, and what the exported state records.
-HELD_COLUMNS = (*EXPORT_COLUMNS, "total", "correction")
-#: The outbox records each batch under this app id: sent in the order of its files. Batches written
-#: before that, and those of tables by name, are under ``APP``: sent sorted by key.
+#: The outbox records each batch under one of these app ids, which says how it is sent (and resent):
+#: ``BULK_APP`` (since 2026-12-07): its files whole, in one insert, where the embedded engine reads
+#: them, else in chunks of their rows in order; ``FILES_APP`` (before): in chunks of its files'
+#: rows in order; ``APP`` (before that, and tables by name): sorted by key, in chunks.
+BULK_APP = f"{APP}#bulk"
 FILES_APP = f"{APP}#files"
+OUTBOX_APPS = (BULK_APP, FILES_APP, APP)
+#: The columns of ``property_values`` as a batch's outbox files give them (``last_seen``: the end of
+#: the row's window, to its width in seconds, ``{width}``).
+BULK_COLUMNS = {
+    **{c: f"`{c}`" for c in EXPORT_COLUMNS},
+    "last_seen": "`window_start` + toIntervalSecond({width})",
+}
 
 
 @dataclass(frozen=True)
@@ -89,16 +104,31 @@ def export_config(settings: Settings) -> ExportConfig:
 
 
 @dataclass(frozen=True)
-class Batch:
-    """The next batch to export: its outbox rows (a view of a frame the run cached), their
-    figures and the gold version they were cut from."""
+class Cut:
+    """The next batch to export, cut from gold: the rows to send and those the cut holds back
+    (``_gated``, ``_dropped``), where the batch leaves the export, and the gold version read."""
 
     rows: DataFrame
-    figures: BatchFigures
+    closed_before: datetime | None
+    newest: datetime
+    through: datetime
+    gold_version: int
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A batch as the outbox records it: its rows (a view of a frame the run cached, or a frame
+    the outbox write counts as it reads it), their figures (None: counted by that write, see
+    ``counted``) and the gold version they were cut from."""
+
+    rows: DataFrame
+    figures: BatchFigures | None
     gated: int
     dropped: int
     closed_before: datetime | None
     gold_version: int
+    #: Where the figures are counted by the outbox write: (sent figures, gated, dropped) once it ran.
+    counted: Callable[[], CutFigures] | None = None
 
 
 @dataclass
@@ -116,52 +146,41 @@ class PropertyValuesExport:
         return self.run.tables
 
     def batches(self) -> tuple[int, int]:
-        """(the newest batch in the outbox, the newest one recorded as exported)."""
-        out_seq = max(self.tables.txn_version(EXPORT_OUTBOX, a) or 0 for a in (APP, FILES_APP))
-        return out_seq, self.tables.txn_version(GOLD_EXPORTED, APP) or 0
+        """(the newest batch in the outbox, the newest one recorded as sent)."""
+        out_seq = max(self.tables.txn_version(EXPORT_OUTBOX, a) or 0 for a in OUTBOX_APPS)
+        return out_seq, self.tables.txn_version(EXPORTS, APP) or 0
+
+    def outbox_app(self, seq: int) -> str:
+        """The app id the outbox recorded batch ``seq`` under: how it is sent (see OUTBOX_APPS)."""
+        return next((a for a in OUTBOX_APPS[:-1] if self.tables.txn_version(EXPORT_OUTBOX, a) == seq), APP)
 
     def progress(self, seq: int) -> ExportProgress | None:
         """Where outbox batch ``seq`` left the export. Every row of a batch carries it, so one row
         is read: from the files of the commit that recorded the batch where the store reads a
         commit's files (no Spark job), else through Spark."""
-        tables = self.tables
-        if tables.streams_commit_files(EXPORT_OUTBOX) and tables.txn_version(EXPORT_OUTBOX, FILES_APP) == seq:
-            version = tables.commit_of(EXPORT_OUTBOX, AppTxn(FILES_APP, seq))
+        tables, app = self.tables, self.outbox_app(seq)
+        if app != APP and tables.streams_commit_files(EXPORT_OUTBOX):
+            version = tables.commit_of(EXPORT_OUTBOX, AppTxn(app, seq))
             with tables.stream_added(EXPORT_OUTBOX, version, PROGRESS_COLUMNS) as reader:
                 return progress_in(next((b for b in reader if b.num_rows), None))
         return progress_of(tables.read(EXPORT_OUTBOX, where=f"export_seq = {seq}"))
 
     def resend(self, seq: int) -> int:
-        """Send outbox batch ``seq`` again, as it was first cut, and record it; returns rows sent."""
-        rows = self.record.cache(self.tables.read(EXPORT_OUTBOX, where=f"export_seq = {seq}"))
-        in_files = self.tables.txn_version(EXPORT_OUTBOX, FILES_APP) == seq  # else sent sorted by key
-        if in_files and not self.tables.streams_commit_files(EXPORT_OUTBOX):
+        """Send outbox batch ``seq`` again, as it was first sent, and record it; returns rows sent."""
+        app = self.outbox_app(seq)
+        if app != APP and not self.tables.streams_commit_files(EXPORT_OUTBOX):
             raise StorageError(
                 f"export batch {seq} was recorded to be sent from its outbox files, which tables by name do "
                 "not read: finish it with the tables by path (catalog and schema unset), then switch"
             )
-        outbox_version = self.tables.commit_of(EXPORT_OUTBOX, AppTxn(FILES_APP, seq)) if in_files else None
-        return self.deliver(seq, rows, batch_figures(rows), outbox_version)
+        rows = self.record.cache(self.tables.read(EXPORT_OUTBOX, where=f"export_seq = {seq}"))
+        version = self.tables.commit_of(EXPORT_OUTBOX, AppTxn(app, seq)) if app != APP else None
+        return self.deliver(seq, app, rows, batch_figures(rows), version)
 
-    def deliver(self, seq: int, rows: DataFrame, figures: BatchFigures, outbox_version: int | None) -> int:
-        """Send batch ``seq`` (its outbox ``rows``) and record it as exported; returns rows sent.
-
-        The rows go to ClickHouse straight from the files the outbox commit ``outbox_version``
-        added, in their order (no sort, no copy), in chunks of ``insert_chunk_rows`` whose tokens
-        name their place in that order: a resend cuts the same files into the same chunks. A batch
-        written before the outbox recorded ``FILES_APP`` (``outbox_version`` None) is resent as it
-        was first sent: sorted by its key.
-        """
-        if outbox_version is not None and figures.rows <= HELD_BATCH_ROWS:
-            # Provably small (at most HELD_BATCH_ROWS rows): the batch's outbox files are read
-            # once, into the driver, and both sent and recorded from there, with no Spark job.
-            with self.tables.stream_added(EXPORT_OUTBOX, outbox_version, HELD_COLUMNS) as reader:
-                held = reader.read_all()
-            sent = self.send(seq, rows, outbox_version, held)
-            self.record_exported(seq, held, figures)
-        else:
-            sent = self.send(seq, rows, outbox_version)
-            self.record_exported(seq, rows, figures)
+    def deliver(self, seq: int, app: str, rows: DataFrame, figures: BatchFigures, outbox_version: int | None) -> int:
+        """Send batch ``seq`` (its outbox ``rows``, recorded under ``app`` by the outbox commit
+        ``outbox_version``) and record it as sent; returns rows sent."""
+        sent = self.send(seq, app, rows, outbox_version)
         log_row = pa.Table.from_pylist(
             [
                 {
@@ -181,95 +200,98 @@ class PropertyValuesExport:
         self.record.incr(rows_exported=sent, late_corrections=figures.corrections, count_sum=figures.count_sum)
         return sent
 
-    def send(self, seq: int, rows: DataFrame, outbox_version: int | None, held: pa.Table | None = None) -> int:
-        """Send batch ``seq``: sorted by key from ``rows`` (``outbox_version`` None), else from the
-        outbox commit's files in their order, or from ``held``, those files' rows already read."""
-        window, ch = self.config.gold.window, self.config.clickhouse
-        if held is not None:
-            batches: AbstractContextManager[Iterable[pa.RecordBatch]] = nullcontext(
-                held.select(list(EXPORT_COLUMNS)).to_batches()
-            )
-        elif outbox_version is None:
-            batches = self.tables.stream(in_send_order(rows, window))
-        else:
-            batches = self.tables.stream_added(EXPORT_OUTBOX, outbox_version, EXPORT_COLUMNS)
-        sent = 0
+    def send(self, seq: int, app: str, rows: DataFrame, outbox_version: int | None) -> int:
+        """Send batch ``seq`` as its ``app`` says (OUTBOX_APPS): the files of the outbox commit
+        ``outbox_version`` whole, where the embedded engine reads them; else in chunks whose tokens
+        name their place: of those files' rows in their order, or of ``rows`` sorted by key. A
+        resend cuts the same chunks, or the same blocks of the same files."""
+        width, ch = self.config.gold.window, self.config.clickhouse
         connected = nullcontext(self.client()) if self.client else clickhouse.connect(ch)
-        with connected as client, batches as reader:
+        with connected as client:
             clickhouse.ensure_property_values(client, ch.database, ch.ttl_days)
-            for i, data in enumerate(rechunk(reader, ch.insert_chunk_rows)):
-                if outbox_version is not None:
-                    data = with_last_seen(data, window)
-                token = _token(seq, i, "c" if outbox_version is None else "f")
-                clickhouse.insert(client, clickhouse.PROPERTY_VALUES_TABLE, data, token, ch.database)
-                sent += data.num_rows
+            if app == BULK_APP and clickhouse.embedded(ch) and outbox_version is not None:
+                paths = self.tables.added_local_paths(EXPORT_OUTBOX, outbox_version)
+                seconds = str(int(width.total_seconds()))
+                columns = {c: e.replace("{width}", seconds) for c, e in BULK_COLUMNS.items()}
+                token = f"{_token(seq, 0, 'bulk')}"
+                if paths and clickhouse.insert_files(
+                    client, clickhouse.PROPERTY_VALUES_TABLE, columns, paths, token, ch.database
+                ):
+                    return sum(pq.read_metadata(p).num_rows for p in paths)  # the files' footers
+            if app == APP or outbox_version is None:
+                batches: AbstractContextManager[Iterable[pa.RecordBatch]] = self.tables.stream(
+                    in_send_order(rows, width)
+                )
+            else:
+                batches = self.tables.stream_added(EXPORT_OUTBOX, outbox_version, EXPORT_COLUMNS)
+            order = {APP: "c", FILES_APP: "f"}.get(app, "b")
+            sent = 0
+            with batches as reader:
+                for i, data in enumerate(rechunk(reader, ch.insert_chunk_rows)):
+                    if order != "c":
+                        data = with_last_seen(data, width)
+                    clickhouse.insert(
+                        client, clickhouse.PROPERTY_VALUES_TABLE, data, _token(seq, i, order), ch.database
+                    )
+                    sent += data.num_rows
         return sent
-
-    def record_exported(self, seq: int, rows: DataFrame | pa.Table, figures: BatchFigures) -> None:
-        """What batch ``seq`` exported (its outbox ``rows``, as a frame or held in the driver), in
-        two writes, each as cheap as the batch: the tuples exported for the first time are
-        appended (under ``<app>#new``, so a redo does not append them twice), and only the
-        corrections are merged into what was exported before, in the commit that records the
-        batch. An append never rewrites the files the exported state holds.
-        """
-
-        def exported(correction: bool) -> DataFrame | pa.Table:
-            if isinstance(rows, pa.Table):
-                return held_exported_rows(rows, seq, correction)
-            return exported_rows(rows.where(F.col("correction") == F.lit(correction)))
-
-        if figures.rows > figures.corrections:
-            self.tables.append_once(GOLD_EXPORTED, exported(False), AppTxn(f"{APP}#new", seq))
-        if figures.corrections:
-            self.tables.merge(
-                GOLD_EXPORTED,
-                exported(True),
-                on=EXPORTED_ON,
-                update=EXPORTED_UPDATE,
-                txns=[AppTxn(APP, seq)],
-            )
-        else:  # nothing to correct: the commit records the batch alone
-            self.tables.append(GOLD_EXPORTED, GOLD_EXPORTED.arrow_schema.empty_table(), [AppTxn(APP, seq)])
 
     def changes_since(
         self, prev: ExportProgress, version: int, changed: int | None
-    ) -> tuple[DataFrame | None, datetime | None, list[datetime], DataFrame]:
+    ) -> tuple[datetime | None, list[datetime], DataFrame | None]:
         """Gold's changes since batch ``prev`` up to ``version`` (``changed`` rows, None: not known)
-        -> (the change feed, cached, or None where it was held; the newest event time counted; the
-        windows of the late keys; the late keys). One pass over the changes finds the newest event
-        and the late keys' windows, to read only their part of gold and of what was exported; a
-        feed of at most HELD_CHANGE_ROWS rows (counted from the log) is read into the driver
-        instead, with no Spark job."""
+        -> (the newest event time counted; the windows of the late keys; the late keys, None where
+        there are none). A change feed read through Spark is cached for the run.
+
+        Commits that only appended rows (stage 2's first load of new windows) say both from their
+        files' statistics, with no Spark job: the newest event, and whether any row is in a window
+        closed before (none is, unless its earliest window is). Otherwise one pass over the
+        changes finds them, to read only the late keys' part of gold and of what was sent; a feed of
+        at most HELD_CHANGE_ROWS rows (counted from the log) is read into the driver instead."""
         g, start = self.config.gold, prev.gold_version + 1
+        added = self.tables.inserted_stats(GOLD_PROPERTY_VALUES, start, version)
+        if added is not None:
+            earliest, latest = added.earliest.get(WINDOW_START), added.latest.get("max_event_time")
+            closed = as_stored(prev.closed_through - g.window) if prev.closed_through else None
+            if not added.rows or (earliest is not None and latest is not None and closed and earliest > closed):
+                appended = as_collected(latest) if latest is not None else None
+                return max(appended, prev.newest_event) if appended else prev.newest_event, [], None
         held = None
         if changed is not None and changed <= HELD_CHANGE_ROWS:
             held = self.tables.held_changes(GOLD_PROPERTY_VALUES, start, version, CHANGE_COLUMNS)
         if held is not None:
             newest, windows, keys = held_change_bounds(held, g.window, prev)
-            return None, newest, windows, self.tables.to_spark(keys, LATE_KEYS)
+            return newest, windows, self.tables.to_spark(keys, LATE_KEYS)
         changes = self.record.cache(self.tables.read_changes(GOLD_PROPERTY_VALUES, start, version))
         newest, windows = change_bounds(changes, g.window, prev)
-        return changes, newest, windows, changes.transform(changed_keys(g.window, prev.closed_through))
+        return newest, windows, changes.transform(changed_keys(g.window, prev.closed_through))
 
-    def next_batch(self, seq: int, prev: ExportProgress | None, changed: int | None = None) -> Batch | str:
-        """Batch ``seq``: what gold holds for windows closed since batch ``seq - 1`` (``prev``),
-        and corrections for late counts in windows closed before; or why there is none.
-        ``changed``: the rows of gold's change feed since ``prev`` (None: not known)."""
-        g, cache = self.config.gold, self.record.cache
-        changes = None
+    def sent_in(self, windows: list[datetime] | None) -> DataFrame:
+        """What ClickHouse holds of ``windows`` (None: of every window): the outbox's rows of them,
+        summed per tuple (:func:`gold.export.exported_of`), read from the files whose windows cover
+        them."""
+        if windows is None:
+            return self.tables.read(EXPORT_OUTBOX).transform(exported_of)
+        return self.tables.read_windows(EXPORT_OUTBOX, WINDOW_START, None, windows).transform(exported_of)
+
+    def next_cut(self, prev: ExportProgress | None, changed: int | None = None) -> Cut | str:
+        """What gold holds for windows closed since the batch before (``prev``) and corrections for
+        late counts in windows closed before it (rows to send, and those held back); or why there
+        is none. ``changed``: the rows of gold's change feed since ``prev`` (None: not known)."""
+        g = self.config.gold
         version = self.tables.version(GOLD_PROPERTY_VALUES)
         assert version is not None  # the runner ensured it
         if prev is None:
             # The first export (or the first since the lake kept its progress): all of gold. Not
-            # cached: the newest event time reads one column, the batch reads gold once.
+            # cached: the newest event time reads one column, the cut reads gold once.
             gold = self.tables.read(GOLD_PROPERTY_VALUES)
             newest = newest_event(gold, None)
-            exported = self.tables.read(GOLD_EXPORTED)
+            exported = self.sent_in(None)
         else:
             # Only what changed: the windows closed since the last batch, and the tuples of
             # windows closed before it that gold's change feed shows late counts for.
-            changes, newest, windows, late = self.changes_since(prev, version, changed)
-            exported = self.tables.read_windows(GOLD_EXPORTED, WINDOW_START, None, windows)
+            newest, windows, late = self.changes_since(prev, version, changed)
+            exported = self.sent_in(windows)
         if newest is None:
             return "gold is empty"
         bounds = export_bounds(newest, g.window, g.grace, self.run.options.drain, prev)
@@ -293,14 +315,8 @@ class PropertyValuesExport:
                     g.top_values_per_key,
                 )
             )
-        whole = cache(cut)
-        figures = cut_figures(whole)  # the flags and what is sent, in one pass that fills the cache
-        if changes is not None:  # the cut is all it needs from here on
-            self.record.release(changes)
-        sendable = whole.where("NOT _gated AND NOT _dropped").drop("_gated", "_dropped")
-        # A view of the cached batch, not cached again: the gate checks it as the outbox write reads it.
-        rows = sendable.transform(outbox_rows(seq, version, newest, bounds.through))
-        return Batch(rows, figures.sent, figures.gated, figures.dropped, bounds.closed_before, version)
+        # A cached change feed the cut reads its late keys from is released once the batch is sent.
+        return Cut(cut, bounds.closed_before, newest, bounds.through, version)
 
 
 def property_values(run: ExportRun, config: ExportConfig, record: FlowRecord) -> None:
@@ -327,45 +343,103 @@ def property_values(run: ExportRun, config: ExportConfig, record: FlowRecord) ->
         _export(export, seq, prev, changed, record)
 
 
+class _NothingToSend(Exception):
+    """A batch its outbox write counted no row to send in: its files are not committed."""
+
+
 def _export(
     export: PropertyValuesExport, seq: int, prev: ExportProgress | None, changed: int | None, record: FlowRecord
 ) -> None:
     """Batch ``seq`` cut, gated, written to the outbox, sent and recorded (:func:`property_values`)."""
     run, tables = export.run, export.tables
-    batch = export.next_batch(seq, prev, changed)
-    if isinstance(batch, str):
-        record.noop(batch)
+    cut = export.next_cut(prev, changed)
+    if isinstance(cut, str):
+        record.noop(cut)
         return
-    record.add(gated=batch.gated, top_values_dropped=batch.dropped, source_to=batch.gold_version)
-    if batch.closed_before is not None:
-        record.add(watermark_epoch_s=batch.closed_before.timestamp())
-    if batch.figures.rows == 0:
-        gated = f" ({batch.gated:,} gated)" if batch.gated else ""
-        record.noop("no closed window has counts to export" + gated)
+    record.add(source_to=cut.gold_version)
+    if cut.closed_before is not None:
+        record.add(watermark_epoch_s=cut.closed_before.timestamp())
+    # A small increment (a few changes since the last batch), or a store that commits inside its
+    # write: the cut is counted first, from a cache, and a small batch is written by the driver. A
+    # large one is counted by the write itself, which commits nothing if it sends no row.
+    counted_first = (changed is not None and changed <= HELD_CHANGE_ROWS) or not tables.checks_before_commit
+    batch = _counted(export, cut, seq) if counted_first else _observed(export, cut, seq)
+    if batch.figures is not None and batch.figures.rows == 0:
+        _nothing(record, batch.gated)
         return
     gate = run.gate(EXPORT_DATASET, batch.rows, AppTxn(APP, seq))
     # Sent from the outbox commit's files where the store reads a commit's files (by path); tables
     # by name are read through the catalog only, so their batches are sent sorted by key.
     in_files = tables.streams_commit_files(EXPORT_OUTBOX)
-    outbox_txn = AppTxn(FILES_APP if in_files else APP, seq)
+    app = BULK_APP if in_files else APP
     # Provably small (the cut counted at most HELD_BATCH_ROWS rows to send; the gate only drops):
     # collected from the run's cache, as the gate checks them, and written by the driver where the
     # store writes there, with no Spark write job. A larger batch is written by Spark.
-    held = in_files and tables.writes_in_driver and batch.figures.rows <= HELD_BATCH_ROWS
+    figures = batch.figures
+    held = in_files and tables.writes_in_driver and figures is not None and figures.rows <= HELD_BATCH_ROWS
 
-    def write(rows: DataFrame) -> int:
-        return tables.append(EXPORT_OUTBOX, rows.toArrow() if held else rows, [outbox_txn])
+    def write(rows: DataFrame, passed: Callable[[], None] | None) -> int:
+        def before_commit() -> None:
+            if passed is not None:
+                passed()
+            if batch.counted is not None and not batch.counted().sent.rows:
+                raise _NothingToSend
 
-    outbox_version = gate.write(write)
-    # A gate's drop check may have kept fewer rows than the batch counted: count what it kept.
-    figures = batch.figures if gate.kept_all else batch_figures(gate.rows)
-    sent = export.deliver(seq, gate.rows, figures, outbox_version if in_files else None)
+        check = before_commit if passed is not None or batch.counted is not None else None
+        return tables.append(EXPORT_OUTBOX, rows.toArrow() if held else rows, [AppTxn(app, seq)], check)
+
+    try:
+        outbox_version = gate.write_staged(write)
+    except _NothingToSend:
+        _nothing(record, batch.counted().gated if batch.counted else 0)
+        return
+    sent = export.deliver(seq, app, gate.rows, _sent_figures(batch, gate, record), outbox_version if in_files else None)
+    export.record.release()
     record.rows(sent, sent)
     record.say(
         f"export: batch {seq}: {sent:,} rows to ClickHouse {clickhouse.PROPERTY_VALUES_TABLE} "
-        f"({int(record.figure('late_corrections')):,} corrections, {batch.gated:,} gated)"
+        f"({int(record.figure('late_corrections')):,} corrections, {int(record.figure('gated')):,} gated)"
         + (" (drained)" if run.options.drain else "")
     )
+
+
+def _sent_figures(batch: Batch, gate: WriteGate, record: FlowRecord) -> BatchFigures:
+    """The figures of what a batch's outbox write kept: as counted before it or by it (its gated and
+    dropped rows to ``record``); counted again where a gate's drop check kept fewer rows."""
+    figures = batch.figures
+    if batch.counted is not None:
+        counted = batch.counted()
+        figures = counted.sent
+        record.add(gated=counted.gated, top_values_dropped=counted.dropped)
+    if figures is None or not gate.kept_all:
+        figures = batch_figures(gate.rows)
+    return figures
+
+
+def _counted(export: PropertyValuesExport, cut: Cut, seq: int) -> Batch:
+    """The batch of ``cut``, cached and counted first (one pass that fills the cache)."""
+    whole = export.record.cache(cut.rows)
+    figures = cut_figures(whole)
+    export.record.add(gated=figures.gated, top_values_dropped=figures.dropped)
+    sendable = whole.where("NOT _gated AND NOT _dropped").drop("_gated", "_dropped")
+    # A view of the cached batch, not cached again: the gate checks it as the outbox write reads it.
+    rows = sendable.transform(outbox_rows(seq, cut.gold_version, cut.newest, cut.through))
+    return Batch(rows, figures.sent, figures.gated, figures.dropped, cut.closed_before, cut.gold_version)
+
+
+def _observed(export: PropertyValuesExport, cut: Cut, seq: int) -> Batch:
+    """The batch of ``cut``, counted by the outbox write as it reads it (no pass of its own)."""
+    record = export.record
+    observed = record.observe("cut", cut.rows, **cut_figure_columns())
+    sendable = observed.where("NOT _gated AND NOT _dropped").drop("_gated", "_dropped")
+    rows = sendable.transform(outbox_rows(seq, cut.gold_version, cut.newest, cut.through))
+    counted = functools.cache(lambda: cut_figures_of(record.observed("cut", query=False)))
+    return Batch(rows, None, 0, 0, cut.closed_before, cut.gold_version, counted)
+
+
+def _nothing(record: FlowRecord, gated: int) -> None:
+    record.add(gated=gated)
+    record.noop("no closed window has counts to export" + (f" ({gated:,} gated)" if gated else ""))
 
 
 def _token(seq: int, chunk: int, order: str) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 
@@ -12,6 +12,7 @@ from pyspark.sql.types import StructType
 
 from pipelines.runtime.progress import Increment, append_once, pending
 from pipelines.storage import AppTxn, Predicate, TableSpec, TableStore
+from pipelines.storage.parquet_files import AddedStats
 
 
 class DeclaredTables:
@@ -64,8 +65,14 @@ class DeclaredTables:
     def commit_of(self, spec: TableSpec, txn: AppTxn) -> int:
         return self._store.commit_of(self._mine(spec), txn)
 
-    def append(self, spec: TableSpec, data: pa.Table | DataFrame, txns: Sequence[AppTxn]) -> int:
-        return self._store.append(self._mine(spec), data, txns)
+    def append(
+        self,
+        spec: TableSpec,
+        data: pa.Table | DataFrame,
+        txns: Sequence[AppTxn],
+        before_commit: Callable[[], None] | None = None,
+    ) -> int:
+        return self._store.append(self._mine(spec), data, txns, before_commit=before_commit)
 
     def append_once(self, spec: TableSpec, data: pa.Table | DataFrame, txn: AppTxn) -> bool:
         """Append unless ``spec`` already records ``txn`` (:func:`pipelines.runtime.progress.append_once`)."""
@@ -93,6 +100,21 @@ class DeclaredTables:
     @property
     def writes_in_driver(self) -> bool:
         return self._store.writes_in_driver
+
+    @property
+    def checks_before_commit(self) -> bool:
+        return self._store.checks_before_commit
+
+    def inserted_stats(self, spec: TableSpec, start: int, end: int) -> AddedStats | None:
+        return self._store.inserted_stats(self._mine(spec), start, end)
+
+    def added_local_paths(self, spec: TableSpec, version: int) -> list[str] | None:
+        """The local paths of the files commit ``version`` added, where the table is read by path
+        on the local file system (None otherwise): for a sink that reads them itself."""
+        store = self._store
+        if not store.streams_commit_files(self._mine(spec)):
+            return None
+        return store.files.added_local_paths(store.path(spec), version)
 
     def stream_added(
         self, spec: TableSpec, version: int, columns: Sequence[str]

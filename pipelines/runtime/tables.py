@@ -17,7 +17,7 @@ from bronze.page_changes import BRONZE_PAGE_CHANGES_SCHEMA
 from bronze.primitives import micros
 from bronze.samples import BRONZE_SAMPLES_SCHEMA
 from gold.counters import COUNTER_PARTIALS_SCHEMA, COUNTERS_SCHEMA, MILESTONES_SCHEMA
-from gold.export import EXPORTED_SCHEMA, OUTBOX_SCHEMA
+from gold.export import OUTBOX_SCHEMA
 from gold.metric_windows import METRIC_WINDOWS_SCHEMA
 from gold.property_values import PARTIALS_SCHEMA, PROPERTY_VALUES_SCHEMA, WINDOW_START
 from pipelines.runtime.eventlog import EXPECTATION_RESULTS, PIPELINE_EVENTS
@@ -128,17 +128,6 @@ GOLD_PROPERTY_VALUES = TableSpec(
     cluster_by=(WINDOW_START,),
     file_rows=50_000,
 )
-GOLD_EXPORTED = TableSpec(
-    "gold",
-    "property_value_exports",
-    EXPORTED_SCHEMA,
-    description="what ClickHouse holds per tuple and window (the count exported so far)",
-    # A batch's corrections are merged into their windows' files, not into all of what was
-    # exported; a MERGE reads every file whose windows cover theirs and rewrites the ones it
-    # changes whole, so the files are small.
-    cluster_by=(WINDOW_START,),
-    file_rows=10_000,
-)
 EXPORT_OUTBOX = TableSpec(
     "_meta",
     "export_outbox",
@@ -178,7 +167,6 @@ ALL_TABLES: tuple[TableSpec, ...] = (
     SILVER_METRIC_STATE,
     GOLD_PARTIALS,
     GOLD_PROPERTY_VALUES,
-    GOLD_EXPORTED,
     GOLD_METRIC_WINDOWS,
     GOLD_COUNTER_PARTIALS,
     GOLD_COUNTERS,
@@ -205,7 +193,6 @@ TIME_COLUMNS: dict[str, str] = {
     SILVER_METRIC_STATE.key: "max_seen",
     GOLD_PARTIALS.key: "max_event_time",
     GOLD_PROPERTY_VALUES.key: "max_event_time",
-    GOLD_EXPORTED.key: "window_start",
     GOLD_METRIC_WINDOWS.key: "window_end",
     GOLD_COUNTER_PARTIALS.key: "window_end",
     GOLD_COUNTERS.key: "updated_at",

@@ -7,6 +7,7 @@ The embedded engine holds one data path per process, so every use opens the clie
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -151,6 +152,43 @@ def insert(client: Any, table: str, data: pa.Table, token: str, database: str = 
         data,
         settings={"insert_deduplication_token": token, "insert_deduplicate": 1},
     )
+
+
+def embedded(settings: Settings | ClickHouseSettings) -> bool:
+    """Whether ClickHouse is the embedded engine (chdb), which reads this machine's files itself."""
+    ch = settings.clickhouse if isinstance(settings, Settings) else settings
+    return (ch.dsn or "").startswith("chdb://")
+
+
+#: Characters a path may not hold to be named in ``file()``'s pattern (its glob syntax, quotes).
+_PATTERN = set("{}*?,'\\[]")
+
+
+def insert_files(
+    client: Any, table: str, columns: dict[str, str], paths: list[str], token: str, database: str = "default"
+) -> bool:
+    """Insert the rows of the Parquet files ``paths`` (local, read by ClickHouse itself: the
+    embedded engine) in one statement: ``columns`` maps each column of the table to its expression
+    over the files' columns. ClickHouse drops a repeat of the same ``token``: the files are read
+    in their order by one thread, so a repeat cuts the same blocks (a block of over a million rows
+    takes the token with its number). False where the paths cannot be named in ``file()``'s pattern
+    (files in several folders, or a path with its syntax in it)."""
+    folders = {os.path.dirname(p) for p in paths}
+    if len(folders) != 1 or any(c in _PATTERN for p in paths for c in p):
+        return False
+    names = ", ".join(f"`{c}`" for c in columns)
+    exprs = ", ".join(f"{e} AS `{c}`" for c, e in columns.items())
+    files = f"{folders.pop()}/{{{','.join(os.path.basename(p) for p in paths)}}}"
+    client.command(
+        f"INSERT INTO {database}.{table} ({names}) SELECT {exprs} FROM file('{files}', Parquet)",
+        settings={
+            "insert_deduplication_token": token,
+            "insert_deduplicate": 1,
+            "max_threads": 1,
+            "max_insert_threads": 1,
+        },
+    )
+    return True
 
 
 def query_rows(client: Any, sql: str) -> list[tuple[Any, ...]]:

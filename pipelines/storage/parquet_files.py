@@ -14,14 +14,13 @@ Only metadata (file lists, footers, commit JSON lines) is handled in Python here
 from __future__ import annotations
 
 import json
-import math
 import posixpath
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import unquote
 
@@ -33,13 +32,6 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
-    BooleanType,
-    DateType,
-    DoubleType,
-    FloatType,
-    IntegerType,
-    LongType,
-    ShortType,
     StringType,
     StructField,
     StructType,
@@ -49,18 +41,15 @@ from pyspark.sql.types import (
 from pipelines.errors import StorageError
 from pipelines.storage.bloom import bloom_filter_confs
 from pipelines.storage.conform import clustered, conform, conform_df
+from pipelines.storage.footers import footer_stats, partition_values
 
 STAGING = "_staging"
-HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
-#: Delta's default: string statistics keep a 32-character prefix (a max is kept only when whole).
-STRING_STATS_PREFIX = 32
 #: Spark writes timestamps as INT96 by default; Delta (and delta-rs) want TIMESTAMP_MICROS.
 PARQUET_CONFS = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}
 #: How the driver reads a stream of Parquet batches: one at a time. Arrow's scanner reads ahead 16
 #: batches of 4 files by default, in threads: reading 12,800,000 rows in 8 files peaked at 816-856 MB
 #: that way, 494-502 MB with no read-ahead (1,280,000 rows: 250 MB, 181 MB), in about the same time.
 ONE_BATCH_AT_A_TIME: dict[str, Any] = {"use_threads": False, "batch_readahead": 0, "fragment_readahead": 0}
-_STATS_TYPES = (IntegerType, LongType, ShortType, DoubleType, FloatType, StringType, TimestampType, DateType)
 
 
 @dataclass(frozen=True)
@@ -81,6 +70,8 @@ class AddedStats:
     rows: int
     #: Per timestamp column, the least minimum of the files with rows (absent: one of them has none).
     earliest: Mapping[str, datetime]
+    #: Per timestamp column, the greatest maximum of the files with rows (absent: one of them has none).
+    latest: Mapping[str, datetime] = field(default_factory=dict)
 
 
 def _timestamp(text: str) -> datetime:
@@ -238,6 +229,18 @@ class TableFiles:
         dataset = pads.dataset(names, filesystem=self.fs, format="parquet")
         yield dataset.scanner(columns=list(columns), batch_size=batch_rows, **ONE_BATCH_AT_A_TIME).to_reader()
 
+    def added_local_paths(self, table_uri: str, version: int) -> list[str] | None:
+        """The local paths of the files commit ``version`` added, in path order (None where the
+        table is not on the local file system): for a reader that opens them itself."""
+        if "://" in table_uri and not table_uri.startswith("file://"):
+            return None
+        base = self._fs_path(table_uri)
+        ((_, actions),) = self.commits(table_uri, version, version)
+        paths = sorted(unquote(a["add"]["path"]) for a in actions if "add" in a)
+        if any("://" in p for p in paths):
+            return None
+        return [f"{base}/{p}" for p in paths]
+
     def read_columns(self, table_uri: str, paths: Sequence[str], schema: pa.Schema) -> pa.Table:
         """The rows of the table's files ``paths`` (as its log names them) in the driver, conformed
         to ``schema`` (a column a file lacks is null): for a read known to be small, with no Spark
@@ -259,19 +262,26 @@ class TableFiles:
             return None
         times = [f.name for f in schema.fields if isinstance(f.dataType, TimestampType)]
         earliest: dict[str, datetime] = {}
+        latest: dict[str, datetime] = {}
         unbounded: set[str] = set()
         for stats in added:
             if not stats["numRecords"]:
                 continue
-            mins, nulls = stats.get("minValues") or {}, stats.get("nullCount") or {}
+            mins, maxes = stats.get("minValues") or {}, stats.get("maxValues") or {}
+            nulls = stats.get("nullCount") or {}
             for name in times:
-                if mins.get(name) is not None:
-                    low = _timestamp(mins[name])
+                if mins.get(name) is not None and maxes.get(name) is not None:
+                    low, high = _timestamp(mins[name]), _timestamp(maxes[name])
                     earliest[name] = min(earliest.get(name, low), low)
-                elif nulls.get(name) != stats["numRecords"]:  # not only nulls (which no minimum counts)
+                    latest[name] = max(latest.get(name, high), high)
+                elif nulls.get(name) != stats["numRecords"]:  # not only nulls (which no bound counts)
                     unbounded.add(name)
         rows = sum(int(stats["numRecords"]) for stats in added)
-        return AddedStats(rows, {k: v for k, v in earliest.items() if k not in unbounded})
+        return AddedStats(
+            rows,
+            {k: v for k, v in earliest.items() if k not in unbounded},
+            {k: v for k, v in latest.items() if k not in unbounded},
+        )
 
     def change_rows(self, table_uri: str, start: int, end: int) -> int | None:
         """The rows a read of the change feed of commits ``start..end`` handles: a commit's change
@@ -339,88 +349,6 @@ def _local(lake_root: str) -> tuple[pafs.FileSystem, str]:
     import os
 
     return pafs.LocalFileSystem(), os.path.abspath(lake_root)
-
-
-def partition_values(rel: str, partition_by: Sequence[str]) -> dict[str, str | None]:
-    """``bucket=3/part-0.parquet`` -> ``{"bucket": "3"}``, with Hive's escapes and null undone."""
-    found: dict[str, str | None] = {}
-    for segment in rel.split("/")[:-1]:
-        key, sep, value = segment.partition("=")
-        if sep and key in partition_by:
-            raw = unquote(value)
-            found[key] = None if raw == HIVE_NULL else raw
-    missing = [c for c in partition_by if c not in found]
-    if missing:
-        raise StorageError(f"file {rel} is not under a hive-style folder for {', '.join(missing)}")
-    return {c: found[c] for c in partition_by}
-
-
-def footer_stats(meta: pq.FileMetaData, schema: StructType, partition_by: Sequence[str]) -> dict[str, Any]:
-    """Delta file statistics (numRecords, minValues, maxValues, nullCount) from a Parquet footer.
-
-    A column gets a bound only where every row group has one; timestamps are truncated to
-    milliseconds as Delta writes them, so a maximum is rounded up to stay an upper bound.
-    """
-    types = {f.name: f.dataType for f in schema.fields if f.name not in partition_by}
-    mins: dict[str, Any] = {}
-    maxs: dict[str, Any] = {}
-    nulls: dict[str, int] = {}
-    for col in range(meta.num_columns):
-        name = meta.row_group(0).column(col).path_in_schema if meta.num_row_groups else None
-        if name is None or name not in types:
-            continue  # nested leaves: Delta's skipping does not need them here
-        kind = types[name]
-        lo: Any = None
-        hi: Any = None
-        n_null: int | None = 0
-        bounded = isinstance(kind, _STATS_TYPES)
-        for rg in range(meta.num_row_groups):
-            st = meta.row_group(rg).column(col).statistics
-            if st is None:
-                bounded, n_null = False, None
-                break
-            if n_null is not None:
-                n_null = n_null + st.null_count if st.has_null_count else None
-            if not bounded:
-                continue
-            if not st.has_min_max:
-                if st.has_null_count and st.null_count == meta.row_group(rg).num_rows:
-                    continue  # all null: no bound needed from this group
-                bounded = False
-                continue
-            lo = st.min if lo is None else min(lo, st.min)
-            hi = st.max if hi is None else max(hi, st.max)
-        if n_null is not None:
-            nulls[name] = n_null
-        if bounded and lo is not None and hi is not None:
-            low, high = _stat_value(lo, kind, upper=False), _stat_value(hi, kind, upper=True)
-            if low is not None:
-                mins[name] = low
-            if high is not None:
-                maxs[name] = high
-    return {"numRecords": meta.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
-
-
-def _stat_value(value: Any, kind: Any, upper: bool) -> Any:
-    if isinstance(kind, TimestampType):
-        ts = value if isinstance(value, datetime) else datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=value)
-        ts = ts.astimezone(UTC) if ts.tzinfo else ts.replace(tzinfo=UTC)
-        ms = ts.replace(microsecond=ts.microsecond - ts.microsecond % 1000)
-        if upper and ms != ts:
-            ms += timedelta(milliseconds=1)
-        return ms.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms.microsecond // 1000:03d}Z"
-    if isinstance(kind, DateType):
-        return value.isoformat() if isinstance(value, date) else None
-    if isinstance(kind, StringType):
-        text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-        if len(text) <= STRING_STATS_PREFIX:
-            return text
-        return None if upper else text[:STRING_STATS_PREFIX]
-    if isinstance(kind, (DoubleType, FloatType)):
-        return None if math.isnan(value) else float(value)
-    if isinstance(kind, BooleanType):
-        return None
-    return int(value)
 
 
 # -- reads ------------------------------------------------------------------------------------

@@ -12,8 +12,8 @@ from gold.export import (
     ExportBounds,
     ExportProgress,
     export_bounds,
+    exported_of,
     held_change_bounds,
-    held_exported_rows,
     incremental_batch,
     progress_in,
     rechunk,
@@ -135,63 +135,22 @@ def test_a_held_change_feed_with_nothing_newer_keeps_the_last_newest_event() -> 
     assert (newest, windows, keys.num_rows) == (prev.newest_event, [], 0)
 
 
-def test_a_held_batchs_exported_rows_split_first_time_from_corrections_sorted_by_window() -> None:
+def test_what_clickhouse_holds_is_the_outbox_counts_summed_per_tuple_and_window(spark: SparkSession) -> None:
+    # Batch 1 sent Firefox and Chrome in window 0; batch 2 a correction of Firefox (+2) and
+    # Firefox in window 1 for the first time. ClickHouse sums what it got: the outbox says it.
     w0, w1 = datetime(2024, 6, 1, 12), datetime(2024, 6, 1, 12, 0, 30)
-    outbox = pa.table(
-        {
-            "team_id": pa.array([1, 1, 2], pa.int64()),
-            "property_type": ["event", "event", "person"],
-            "property_key": ["browser", "browser", "plan"],
-            "property_value": ["Firefox", "Chrome", "free"],
-            "window_start": pa.array([w1, w0, w0], pa.timestamp("us")),
-            "count": pa.array([2, 5, 1], pa.int64()),
-            "total": pa.array([9, 5, 4], pa.int64()),
-            "correction": [True, False, True],
-        }
+    outbox = spark.createDataFrame(
+        [
+            (1, 1, "event", "browser", "Firefox", w0, 7, 7, False),
+            (1, 1, "event", "browser", "Chrome", w0, 5, 5, False),
+            (2, 1, "event", "browser", "Firefox", w0, 2, 9, True),
+            (2, 1, "event", "browser", "Firefox", w1, 4, 4, False),
+        ],
+        "export_seq long, team_id long, property_type string, property_key string, property_value string, "
+        "window_start timestamp, count long, total long, correction boolean",
     )
-    first = held_exported_rows(outbox, 3, correction=False)
-    again = held_exported_rows(outbox, 3, correction=True)
-    columns = [
-        "team_id",
-        "property_type",
-        "property_key",
-        "property_value",
-        "window_start",
-        "exported_count",
-        "export_seq",
-    ]
-    assert first.column_names == columns and again.column_names == columns
-    assert first.to_pylist() == [
-        {
-            "team_id": 1,
-            "property_type": "event",
-            "property_key": "browser",
-            "property_value": "Chrome",
-            "window_start": w0,
-            "exported_count": 5,
-            "export_seq": 3,
-        },
-    ]
-    assert again.to_pylist() == [
-        {
-            "team_id": 2,
-            "property_type": "person",
-            "property_key": "plan",
-            "property_value": "free",
-            "window_start": w0,
-            "exported_count": 4,
-            "export_seq": 3,
-        },
-        {
-            "team_id": 1,
-            "property_type": "event",
-            "property_key": "browser",
-            "property_value": "Firefox",
-            "window_start": w1,
-            "exported_count": 9,
-            "export_seq": 3,
-        },
-    ]
+    got = {(r["property_value"], r["window_start"]): r["exported_count"] for r in exported_of(outbox).collect()}
+    assert got == {("Firefox", w0): 9, ("Chrome", w0): 5, ("Firefox", w1): 4}
 
 
 KEY_DDL = "team_id long, property_type string, property_key string, property_value string, window_start timestamp"

@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
+from gold.export import exported_of
 from pipelines.config.settings import load_settings
 from pipelines.runtime import ingest, passes
 from pipelines.runtime.eventlog import PIPELINE_EVENTS
 from pipelines.runtime.runner import Context
-from pipelines.runtime.tables import EXPORT_OUTBOX, GOLD_EXPORTED, GOLD_PARTIALS, GOLD_PROPERTY_VALUES
+from pipelines.runtime.tables import EXPORT_OUTBOX, EXPORTS, GOLD_PARTIALS, GOLD_PROPERTY_VALUES
 from pipelines.sinks import clickhouse
 from pipelines.storage import AppTxn, TableSpec, TableStore, open_store
 from tests.helpers import delta_rs_only  # noqa: F401  (the engine fixture: delta-rs here)
@@ -227,17 +228,6 @@ def is_spec(spec: TableSpec) -> Callable[..., bool]:
     return lambda self, s, *a, **k: s == spec
 
 
-def records_batch(first_time: bool) -> Callable[..., bool]:
-    """A write of the export state: of the tuples exported for the first time (``#new``), or the
-    commit that records the batch as exported."""
-
-    def when(self: Any, spec: TableSpec, *args: Any, **kwargs: Any) -> bool:
-        txns = kwargs.get("txns", args[1] if len(args) > 1 else ())
-        return spec == GOLD_EXPORTED and any(t.app_id.endswith("#new") == first_time for t in txns)
-
-    return when
-
-
 Patch = Callable[[pytest.MonkeyPatch, type[TableStore]], None]
 
 
@@ -246,19 +236,15 @@ Patch = Callable[[pytest.MonkeyPatch, type[TableStore]], None]
     [
         (
             "between the outbox and the insert",
-            lambda m, _: crash_on(m, clickhouse, "insert", lambda *a, **k: True, False),
+            lambda m, _: crash_on(m, clickhouse, ("insert", "insert_files"), lambda *a, **k: True, False),
         ),
         (
             "between the insert and its Delta record",
-            lambda m, store: crash_on(m, store, ("append", "merge"), is_spec(GOLD_EXPORTED), False),
-        ),
-        (
-            "between the first-time tuples and the batch's record",
-            lambda m, store: crash_on(m, store, "append", records_batch(first_time=True), True),
+            lambda m, store: crash_on(m, store, "append", is_spec(EXPORTS), False),
         ),
         (
             "after the Delta record",
-            lambda m, store: crash_on(m, store, ("append", "merge"), records_batch(first_time=False), True),
+            lambda m, store: crash_on(m, store, "append", is_spec(EXPORTS), True),
         ),
         (
             "in the merger before its commit",
@@ -295,20 +281,20 @@ def test_a_crash_then_a_rerun_leaves_clickhouse_as_a_clean_run(
     ("what", "patch"),
     [
         (
-            "before the first-time tuples",
-            lambda m, store: crash_on(m, store, "append", records_batch(first_time=True), False),
+            "before the outbox's commit",
+            lambda m, store: crash_on(m, store, "append", is_spec(EXPORT_OUTBOX), False),
         ),
         (
-            "between the first-time tuples and the corrections",
-            lambda m, store: crash_on(m, store, "append", records_batch(first_time=True), True),
+            "between the outbox and the insert",
+            lambda m, _: crash_on(m, clickhouse, ("insert", "insert_files"), lambda *a, **k: True, False),
         ),
         (
-            "in the corrections' merge before its commit",
-            lambda m, store: crash_on(m, store, "merge", records_batch(first_time=False), False),
+            "between the insert and its Delta record",
+            lambda m, store: crash_on(m, store, "append", is_spec(EXPORTS), False),
         ),
         (
-            "after the corrections' merge",
-            lambda m, store: crash_on(m, store, "merge", records_batch(first_time=False), True),
+            "after the Delta record",
+            lambda m, store: crash_on(m, store, "append", is_spec(EXPORTS), True),
         ),
     ],
 )
@@ -338,7 +324,7 @@ def test_a_crash_in_an_export_with_corrections_then_a_rerun_leaves_clickhouse_as
     assert clickhouse_state(ctx)[0] == gold_state(ctx)
     exported = {
         (r["property_key"], r["property_value"], r["window_start"]): r["exported_count"]
-        for r in ctx.store.read(GOLD_EXPORTED).collect()
+        for r in ctx.store.read(EXPORT_OUTBOX).transform(exported_of).collect()
     }
     # Each window: 5 events of round 1, 5 late ones (30 s windows, an event every 3 s).
     windows = sorted({w for _, _, w in exported})
@@ -347,7 +333,9 @@ def test_a_crash_in_an_export_with_corrections_then_a_rerun_leaves_clickhouse_as
     assert all(exported[("browser", "Firefox", w)] == 5 and exported[("browser", "Chrome", w)] == 5 for w in windows)
 
 
-@pytest.mark.parametrize("mode", ["file order", "a batch sorted by key", "tables by name"])
+@pytest.mark.parametrize(
+    "mode", ["chunks to a server", "file order, from before", "sorted by key, from before", "tables by name"]
+)
 def test_a_crash_part_way_through_the_chunks_then_a_rerun_sends_each_row_once(
     spark: SparkSession,
     clean_runs: CleanRuns,
@@ -357,13 +345,15 @@ def test_a_crash_part_way_through_the_chunks_then_a_rerun_sends_each_row_once(
     mode: str,
 ) -> None:
     # Chunks of 4 rows: the crash comes after two chunks have reached ClickHouse, and the rerun
-    # must cut the batch into the same chunks (ClickHouse drops those two by their tokens). A
-    # batch in the outbox from before the export sent in file order (recorded under the plain
-    # app id) is resent sorted by key, as it was first sent. Tables by name (managed, as Unity
-    # Catalog makes them, on delta-spark) never read the outbox commit's files from the log: each
-    # batch is sent sorted by key, and resent so.
+    # must cut the batch into the same chunks (ClickHouse drops those two by their tokens). The
+    # embedded engine reads a batch's files whole; a server gets them in chunks (the embedded
+    # engine taken for one here). A batch in the outbox from before (recorded under the files app
+    # id, or the plain one) is resent as it was first sent: in file order, or sorted by key. Tables
+    # by name (managed, as Unity Catalog makes them, on delta-spark) never read the outbox commit's
+    # files from the log: each batch is sent sorted by key, and resent so.
     files = two_pods(tmp_path)
     expected = clean_runs.state(spark, "delta-rs", "two-pods-in-chunks-of-4", two_pods_in_chunks_of_4)
+    monkeypatch.setattr(clickhouse, "embedded", lambda _: False)
 
     if mode == "tables by name":
         request.getfixturevalue("delta_spark")  # skips (or fails in CI) without the Delta jars
@@ -380,23 +370,23 @@ def test_a_crash_part_way_through_the_chunks_then_a_rerun_sends_each_row_once(
         request.addfinalizer(lambda: spark.sql(f"DROP SCHEMA IF EXISTS spark_catalog.{schema} CASCADE"))
     else:
         ctx = make_ctx(spark, tmp_path / "crashy")
-    written_before_files = mode == "a batch sorted by key"
+    before = {"file order, from before": "#files", "sorted by key, from before": ""}.get(mode)
     ctx.settings.clickhouse.insert_chunk_rows = 4
     store_type = type(ctx.store)
-    if written_before_files:
+    if before is not None:
         real_append = store_type.append
 
-        def as_before(self: TableStore, spec: TableSpec, data: Any, txns: Any = (), **kw: Any) -> int:
+        def as_before(self: TableStore, spec: TableSpec, data: Any, txns: Any = (), *a: Any, **kw: Any) -> int:
             if spec == EXPORT_OUTBOX:
-                txns = [AppTxn(t.app_id.removesuffix("#files"), t.version) for t in txns]
-            return real_append(self, spec, data, txns, **kw)
+                txns = [AppTxn(t.app_id.removesuffix("#bulk") + before, t.version) for t in txns]
+            return real_append(self, spec, data, txns, *a, **kw)
 
         monkeypatch.setattr(store_type, "append", as_before)
     inserts: list[str] = []
     real_insert = clickhouse.insert
     # A batch from before is one whose outbox record this run wrote as before, then stopped
     # ahead of any insert: the next run resends it as the earlier version sent it.
-    allowed = [0, 2] if written_before_files else [2]
+    allowed = [0, 2] if before is not None else [2]
 
     def insert(client: Any, table: str, data: Any, token: str, database: str = "default") -> None:
         if len(inserts) == allowed[0]:
@@ -411,7 +401,8 @@ def test_a_crash_part_way_through_the_chunks_then_a_rerun_sends_each_row_once(
     for _ in allowed[:]:
         with pytest.raises(Crash):
             pipeline(ctx, files)
-    assert [t.rsplit(":", 1)[1] for t in inserts] == (["f0", "f1"] if mode == "file order" else ["c0", "c1"])
+    order = {"chunks to a server": "b", "file order, from before": "f"}.get(mode, "c")
+    assert [t.rsplit(":", 1)[1] for t in inserts] == [f"{order}0", f"{order}1"]
     pipeline(ctx, files)
     assert clickhouse_state(ctx) == expected
     assert clickhouse_state(ctx)[0] == gold_state(ctx)

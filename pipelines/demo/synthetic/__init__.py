@@ -9,6 +9,8 @@ pipeline is for. This module makes inputs of any size that do:
   are nulls, nested objects, arrays, empty or over-long strings so every fan-out skip rule fires.
   Some events carry ``$set``/``$set_once`` person properties or are ``$groupidentify`` events, and a
   few carry ``properties`` as a JSON string, as the capture format allows.
+- ``generate_small_events`` yields small events (a few flat properties each), as a new user's
+  first export holds them: the bench's event path runs on them.
 - ``generate_page_changes`` yields ``mediawiki.page_change.v1`` events in *arrival* order: mostly by
   event time, but some arrive late and some twice, and busy pages get several changes within a few
   minutes, which is what the silver reordering and windowed dedup exist for.
@@ -28,12 +30,14 @@ from typing import Any
 from pipelines.demo.synthetic.common import EventsSpec, PageChangesSpec
 from pipelines.demo.synthetic.events import generate_events
 from pipelines.demo.synthetic.page_changes import generate_page_changes
+from pipelines.demo.synthetic.small_events import generate_small_events
 
 __all__ = [
     "EventsSpec",
     "PageChangesSpec",
     "generate_events",
     "generate_page_changes",
+    "generate_small_events",
     "write_jsonl_batches",
 ]
 

@@ -2,8 +2,8 @@
 --once --drain``, each a fresh process on a fresh lake (its own session, JVM and ClickHouse), timed
 from its start to its exit, beside the warm figures of the same stages; and its plain-Spark peer as
 ``spark-submit`` runs a job: one fresh process that runs the event path's peers
-(:mod:`pipelines.dev.bench.plain`) over the same files, Parquet from one to the next
-(``python -m pipelines.dev.bench.cold FILE...``).
+(:mod:`pipelines.dev.bench.plain`: the plain program) over the same files, Parquet from one to the
+next (``python -m pipelines.dev.bench.cold FILE...``).
 
 No warm-up run: every run is cold by design. The JVM's class archive (``spark.class_archive``) is
 what a user's second run finds: the bench's own session started its builder long before.
@@ -102,29 +102,25 @@ def cold_chain(b: Bench, w: Workload) -> None:
 
 
 def peer_chain(files: Sequence[str]) -> None:
-    """The event path's plain-Spark peers over ``files``, one after another, each reading what the
-    one before wrote: what a Spark job submitted once does for the chain's output (run in a fresh
-    process by :func:`cold_chain`; settings from the environment, as the chain's)."""
+    """The event path's plain program over ``files`` (:mod:`pipelines.dev.bench.plain`): bronze,
+    silver, gold and the bulk insert, each reading what the one before wrote, as a Spark job
+    submitted once does (run in a fresh process by :func:`cold_chain`; settings from the
+    environment, as the chain's)."""
     from functools import partial
-    from pathlib import Path
 
     from pipelines.config.settings import load_settings
     from pipelines.config.spark import build_spark
     from pipelines.dev.bench import plain
     from pipelines.runtime.runner import Context
     from pipelines.runtime.tables import BRONZE_EVENTS, GOLD_PROPERTY_VALUES, SILVER_EVENTS
-    from pipelines.sources.files import file_digests
     from pipelines.storage import open_store
 
     settings = load_settings()
     spark = build_spark(settings)
     ctx = Context(settings=settings, spark=spark, store=open_store(settings, spark), say=lambda _: None)
     out = f"{settings.lake_root}/plain"
-    write = partial(plain.write_as, spark, out)
-    listed = spark.createDataFrame(
-        [(str(f.path), f.digest) for f in file_digests([Path(f) for f in files])], "path string, digest string"
-    )
-    plain.land_event_files(ctx, listed, write)
+    write = partial(plain.write_plain, spark, out)
+    plain.land_files(ctx, spark.createDataFrame([(f,) for f in files], "path string"), write)
     plain.silver_events(ctx, spark.read.parquet(f"{out}/{BRONZE_EVENTS.key}"), write)
     plain.gold(ctx, spark.read.parquet(f"{out}/{SILVER_EVENTS.key}"), write)
     plain.export(ctx, spark.read.parquet(f"{out}/{GOLD_PROPERTY_VALUES.key}"), write)

@@ -1,14 +1,17 @@
-"""Plain-Spark peers: what a careful Spark engineer writes for each Spark stage's output, from
-Parquet to Parquet and nothing else.
+"""Plain-Spark peers: the plain question each stage answers, answered as a careful Spark engineer
+writes it, from Parquet to Parquet (and a bulk insert into ClickHouse), and nothing else.
 
-A peer does the stage's work (one parse of each event, its deduplication, its fan-out and
-aggregations, with the transforms of bronze / silver / gold, which parse once and run native
-functions) over the same input, and writes the same rows laid out as the stage lays them out (the
-table's partitions, its sort and file size), but as plain Parquet: no Delta, no app transactions,
-no quality gates, no event log, no figures. The stage's rate over its peer's (``0.80x of plain
-Spark``) is then what that bookkeeping costs on top of the Spark work itself. Each peer is held to
-its stage by its rows: the same multiset (a hash of every row, order aside), less the columns each
-run stamps with its own time.
+The event path's peers are the plain three-layer program a new user would write for the same rows
+(JSON -> bronze Parquet -> silver deduplicated -> gold counted per window -> one bulk insert into
+ClickHouse), never a copy of the stage's design: no VARIANT, no offsets or lineage, no gates, no
+Delta, no exactly-once bookkeeping, no event log. The stage's rate over its peer's (``0.50x of plain
+Spark``) is then what the pipeline's design costs beside the plain answer. Each peer is still held
+to its stage by its rows: the same multiset (a hash of every row, order aside) over the columns both
+have, less the columns each run stamps with its own time. The chain's events are small ones
+(:func:`pipelines.demo.synthetic.generate_small_events`), which need no rule beyond the plain
+question, so the plain gold's tuples are the pipeline's.
+
+The page-change and metric peers are the stages' transforms without their bookkeeping.
 
 The input is written to Parquet once per stage, outside the timed runs, from the tables the stage
 read, out of a lake the stage has just run in (the files the stage landed, for the landing).
@@ -16,26 +19,24 @@ read, out of a lake the stage has just run in (the files the stage landed, for t
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlparse
 
-import pyarrow as pa
-import pyarrow.dataset as pads
-import pyarrow.fs as pafs
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, MapType
 
-from bronze.events import BRONZE_EVENTS_COLUMNS, parse_events
-from bronze.landing import LANDING_COLUMNS, RAW, VALUE, quarantined, valid
-from gold.export import EXPORT_COLUMNS, EXPORTED_SCHEMA, export_batch, last_seen
+from bronze.landing import LANDING_COLUMNS, RAW, VALUE
+from bronze.primitives import window_start
+from gold.export import EXPORT_COLUMNS
 from gold.metric_windows import close_windows, finish, raw_rows
-from gold.property_values import fan_out, merge_source, partials
+from gold.property_values import WINDOW_START
 from pipelines.config import layers
 from pipelines.dev.bench.measure import Figure, timed, warm_up_first
 from pipelines.flows.silver import META_ID
@@ -45,21 +46,18 @@ from pipelines.runtime.tables import (
     BRONZE_PAGE_CHANGES,
     BRONZE_QUARANTINE,
     BRONZE_SAMPLES,
-    GOLD_EXPORTED,
+    EXPORT_OUTBOX,
     GOLD_METRIC_WINDOWS,
-    GOLD_PARTIALS,
     GOLD_PROPERTY_VALUES,
     SILVER_EVENTS,
     SILVER_METRIC_PANES,
     SILVER_PAGE_CHANGES,
 )
 from pipelines.sinks import clickhouse
-from pipelines.sources.files import LandingFile, file_digests, landing_rows
 from pipelines.storage import TableSpec
 from pipelines.storage.conform import clustered, conform_df
 from silver.buckets import assign_buckets
-from silver.dedup import IDENTITY, LANDING_ORDER, first_copies, mark_repeats, suspects
-from silver.events import to_silver_events
+from silver.dedup import LANDING_ORDER, first_copies, mark_repeats
 from silver.metric_panes import pane_run, select_samples
 from silver.page_changes import dedup_page_changes
 
@@ -99,34 +97,99 @@ def landing(spec: TableSpec, kind: str) -> Source:
 ONE_LOAD_ORDER = tuple(c for c in LANDING_ORDER if c != "_commit_version")
 
 
-# -- the stages' transforms, wired as the jobs wire them ------------------------------------------
-def land_events(ctx: Context, rows: DataFrame, write: Write) -> None:
-    # Persisted as the job does: both the landed and the quarantined rows come from one parse.
-    settings = ctx.settings
-    parsed = rows.transform(parse_events(settings.kafka.max_message_bytes)).persist()
-    write(BRONZE_EVENTS, valid(parsed, BRONZE_EVENTS_COLUMNS))
-    write(BRONZE_QUARANTINE, quarantined(parsed, "events"))
-    parsed.unpersist()
+# -- the event path: the plain program --------------------------------------------------------
+#: What the plain program reads of an event: its fields as JSON gives them ...
+ENVELOPE = "uuid string, event string, team_id bigint, distinct_id string, timestamp string"
+#: ... and, in silver, its properties and person properties as maps of their values' text.
+PROPERTIES = "properties map<string,string>, person_properties map<string,string>"
 
 
-def land_event_files(ctx: Context, files: DataFrame, write: Write) -> None:
-    """The files the stage landed, read and split into records as the stage reads them, then
-    landed. ``files`` is a row per file (its path and its digest), found before the
-    timing: which files to land is the stage's bookkeeping, reading them is its work."""
-    # A row per file (path, digest): the list of files, not their rows.
-    listed = [LandingFile(Path(r["path"]), r["digest"]) for r in files.collect()]
-    land_events(ctx, landing_rows(ctx.spark, listed, datetime.now(UTC)), write)
+def plain_bronze(lines: DataFrame) -> DataFrame:
+    """JSON lines (``value``) -> each event's fields and its line (``raw``), for the lines that
+    parse as an event."""
+    parsed = lines.select(F.from_json("value", ENVELOPE).alias("e"), F.col("value").cast("string").alias("raw"))
+    rows = parsed.select(
+        "e.uuid", "e.event", "e.team_id", "e.distinct_id", F.to_timestamp("e.timestamp").alias("timestamp"), "raw"
+    )
+    return rows.where("uuid IS NOT NULL AND team_id IS NOT NULL AND timestamp IS NOT NULL")
+
+
+def land_files(ctx: Context, files: DataFrame, write: Write) -> None:
+    """The files the stage landed, read as text, then :func:`plain_bronze`. ``files`` is a row per
+    file, found before the timing: which files to land is the stage's bookkeeping."""
+    paths = [r["path"] for r in files.collect()]  # a row per file: the list of files, not their rows
+    write(BRONZE_EVENTS, plain_bronze(ctx.spark.read.text(paths)))
+
+
+def land_values(ctx: Context, rows: DataFrame, write: Write) -> None:
+    """Messages as they came (``value``, bytes) -> :func:`plain_bronze`."""
+    write(BRONZE_EVENTS, plain_bronze(rows.select(F.col(VALUE).cast("string").alias("value"))))
+
+
+def silver_events(ctx: Context, bronze: DataFrame, write: Write) -> None:
+    """Bronze -> each event once (by ``team_id, uuid``), its team's bucket and its properties as maps."""
+    mapping = layers.bucket_mapping(ctx.settings)
+    once = bronze.dropDuplicates(["team_id", "uuid"]).transform(assign_buckets(mapping))
+    props = F.from_json("raw", PROPERTIES).alias("p")
+    write(
+        SILVER_EVENTS,
+        once.select(
+            "uuid", "event", "team_id", "distinct_id", F.col("timestamp").alias("event_time"), "bucket", "raw", props
+        )
+        .select("*", "p.*")
+        .drop("p"),
+    )
+
+
+def gold(ctx: Context, events: DataFrame, write: Write) -> None:
+    """Silver -> the events' properties and person properties, counted per value and window."""
+    window = window_start(F.col("event_time"), ctx.settings.gold.window).alias(WINDOW_START)
+    kinds = [("event", "properties"), ("person", "person_properties")]
+    entries = functools.reduce(
+        DataFrame.unionByName,
+        [events.select("team_id", window, F.lit(t).alias("property_type"), F.explode(c)) for t, c in kinds],
+    )
+    key, value = F.col("key").alias("property_key"), F.col("value").alias("property_value")
+    counted = entries.groupBy("team_id", "property_type", key, value, WINDOW_START).agg(
+        F.count(F.lit(1)).alias("count")
+    )
+    write(GOLD_PROPERTY_VALUES, counted)
+
+
+def export(ctx: Context, rows: DataFrame, write: Write) -> None:
+    """Gold's rows -> ClickHouse (a database of the peer's own), one bulk insert that reads the
+    Parquet files itself."""
+    seconds = int(ctx.settings.gold.window.total_seconds())
+    database = f"{ctx.settings.clickhouse.database}_plain"
+    folder = Path(urlparse(rows.inputFiles()[0]).path).parent
+    with clickhouse.connect(ctx.settings) as client:
+        clickhouse.ensure_property_values(client, database)
+        table = f"{database}.{clickhouse.PROPERTY_VALUES_TABLE}"
+        client.command(f"TRUNCATE TABLE {table}")  # each run loads into an empty table, as the stage's does
+        client.command(
+            f"INSERT INTO {table} SELECT team_id, property_type, property_key, property_value, window_start, "
+            f"count, window_start + toIntervalSecond({seconds}) FROM file('{folder}/*.parquet', Parquet)"
+        )
 
 
 def files_source(paths: Sequence[Path]) -> Source:
     """The files a stage lands, as a row per file; the peer reads their content itself."""
 
     def read(ctx: Context) -> DataFrame:
-        found = file_digests(list(paths))
-        rows = [(str(f.path), f.digest) for f in found]
-        return ctx.spark.createDataFrame(rows, "path string, digest string")
+        return ctx.spark.createDataFrame([(str(p),) for p in paths], "path string")
 
     return read
+
+
+def silver_with_maps(ctx: Context) -> DataFrame:
+    """Silver as the plain program holds it: the stage's rows, with the properties as maps."""
+    rows = ctx.store.read(SILVER_EVENTS)
+    return rows.select("*", F.from_json("raw", PROPERTIES).alias("p")).select("*", "p.*").drop("p")
+
+
+def gold_tuples(ctx: Context) -> DataFrame:
+    """Gold as the plain program holds it: a row per tuple and window (the buckets' rows summed)."""
+    return ctx.store.read(GOLD_PROPERTY_VALUES).groupBy(*EXPORT_COLUMNS[:-1]).agg(F.sum("count").alias("count"))
 
 
 def page_changes(ctx: Context, bronze: DataFrame, write: Write) -> None:
@@ -139,53 +202,6 @@ def page_changes(ctx: Context, bronze: DataFrame, write: Write) -> None:
         marked = bronze.transform(mark_repeats(None, horizon, order=ONE_LOAD_ORDER, identity=META_ID))
         bronze = first_copies(marked)
     write(SILVER_PAGE_CHANGES, bronze.transform(dedup_page_changes(cfg.mode, cfg.window)))
-
-
-def silver_events(ctx: Context, bronze: DataFrame, write: Write) -> None:
-    # The stage's work on a first load: each event once (a repeat of an identity the batch holds
-    # within the horizon dropped; only the identities held twice go through the window that
-    # finds the first copy, in the order they landed: one load, so no commit versions), then its bucket.
-    mapping, horizon = layers.bucket_mapping(ctx.settings), ctx.settings.silver.dedup_horizon
-    rows = bronze.transform(assign_buckets(mapping))
-    if horizon:
-        twice = F.broadcast(suspects(rows, None).select(*IDENTITY))
-        marked = rows.join(twice, list(IDENTITY), "left_semi").transform(
-            mark_repeats(None, horizon, "timestamp", ONE_LOAD_ORDER)
-        )
-        rows = rows.join(twice, list(IDENTITY), "left_anti").unionByName(first_copies(marked))
-    write(SILVER_EVENTS, rows.transform(to_silver_events(mapping)))
-
-
-def gold(ctx: Context, events: DataFrame, write: Write) -> None:
-    # Two steps as in the stage: stage 2 reads what stage 1 wrote.
-    tuples = events.transform(fan_out(layers.fanout_rules(ctx.settings), ctx.settings.bronze.number_notation))
-    parts = write(GOLD_PARTIALS, tuples.transform(partials(ctx.settings.gold.window)))
-    write(GOLD_PROPERTY_VALUES, parts.transform(merge_source()))
-
-
-def export(ctx: Context, gold_rows: DataFrame, write: Write) -> None:
-    # The stage drains (every window closed) against nothing exported before. What is exported is
-    # written as the stage records it, and the rows to send as Parquet, then loaded into
-    # ClickHouse (a database of the peer's own) as the stage sends them, in Arrow batches of the
-    # insert chunk size: the same delivery, without the outbox, the send order and tokens.
-    g = ctx.settings.gold
-    exported = ctx.spark.createDataFrame([], EXPORTED_SCHEMA)
-    batch = gold_rows.transform(export_batch(exported, g.window, None, g.min_export_count))
-    sendable = batch.where("NOT _gated AND NOT _dropped")
-    count = F.col("count").alias("exported_count")
-    write(GOLD_EXPORTED, sendable.select(*EXPORT_COLUMNS[:-1], count, F.lit(1).alias("export_seq")))
-    rows = sendable.select(*EXPORT_COLUMNS, last_seen(g.window))
-    sent = write(TableSpec("peer", "clickhouse_rows", rows.schema), rows)
-    database = f"{ctx.settings.clickhouse.database}_plain"
-    with clickhouse.connect(ctx.settings) as client:
-        clickhouse.ensure_property_values(client, database)
-        table = f"{database}.{clickhouse.PROPERTY_VALUES_TABLE}"
-        client.command(f"TRUNCATE TABLE {table}")  # each run loads into an empty table, as the stage's does
-        files = [pafs.FileSystem.from_uri(uri) for uri in sent.inputFiles()]
-        if files:
-            dataset = pads.dataset([path for _, path in files], filesystem=files[0][0], format="parquet")
-            for rows in dataset.to_batches(batch_size=ctx.settings.clickhouse.insert_chunk_rows):
-                client.insert_arrow(table, pa.Table.from_batches([rows]))
 
 
 def metric_windows(ctx: Context, samples: DataFrame, write: Write) -> None:
@@ -213,19 +229,22 @@ class Peer:
     transform: Transform
     #: The stage's output table: the peer's rows under its key must be the stage's (:func:`rows_hash`).
     target: TableSpec
+    #: Whether the rows held to the stage's are the peer's input (what a bulk insert sent), not its output.
+    sends_input: bool = False
+    #: Whether the peer writes its rows as the plain program does (no layout), or as the stage lays them out.
+    plain: bool = True
 
 
-LAND_EVENTS = Peer(landing(BRONZE_EVENTS, "events"), land_events, BRONZE_EVENTS)
-METRIC_WINDOWS = Peer(table(BRONZE_SAMPLES), metric_windows, GOLD_METRIC_WINDOWS)
+LAND_VALUES = Peer(landing(BRONZE_EVENTS, "events"), land_values, BRONZE_EVENTS)
+METRIC_WINDOWS = Peer(table(BRONZE_SAMPLES), metric_windows, GOLD_METRIC_WINDOWS, plain=False)
 
 #: Stage -> its plain-Spark peer: where its input comes from, the transforms it runs, its output.
 PEERS: dict[str, Peer] = {
-    "files -> bronze (events)": LAND_EVENTS,
-    "silver page changes": Peer(table(BRONZE_PAGE_CHANGES), page_changes, SILVER_PAGE_CHANGES),
+    "silver page changes": Peer(table(BRONZE_PAGE_CHANGES), page_changes, SILVER_PAGE_CHANGES, plain=False),
     "silver events": Peer(table(BRONZE_EVENTS), silver_events, SILVER_EVENTS),
-    "gold (stage 1 + 2)": Peer(table(SILVER_EVENTS), gold, GOLD_PROPERTY_VALUES),
-    "export to ClickHouse": Peer(table(GOLD_PROPERTY_VALUES), export, GOLD_EXPORTED),
-    "Kafka -> bronze (Tansu), PostHog fixture events": LAND_EVENTS,
+    "gold (stage 1 + 2)": Peer(silver_with_maps, gold, GOLD_PROPERTY_VALUES),
+    "export to ClickHouse": Peer(gold_tuples, export, EXPORT_OUTBOX, sends_input=True),
+    "Kafka -> bronze (Tansu), PostHog fixture events": LAND_VALUES,
     "samples -> metric windows (tumbling 1m)": METRIC_WINDOWS,
     "samples -> metric windows (sliding 1m, 6 panes)": METRIC_WINDOWS,
 }
@@ -242,6 +261,13 @@ RUN_STAMPED = (
     "closed_through",
     "bronze_version",
 )
+
+
+def write_plain(spark: SparkSession, output: str, spec: TableSpec, df: DataFrame) -> DataFrame:
+    """``df`` as Parquet under ``spec``'s key, as it is (the plain program's write), read back."""
+    path = f"{output}/{spec.key}"
+    df.write.mode("overwrite").parquet(path)
+    return spark.read.parquet(path)
 
 
 def write_as(spark: SparkSession, output: str, spec: TableSpec, df: DataFrame) -> DataFrame:
@@ -290,7 +316,7 @@ def _folder(stage: str) -> str:
 
 #: Stages that land files -> their peer over given files, which it reads as the stage does.
 FILE_PEERS: dict[str, Callable[[Sequence[Path]], Peer]] = {
-    "files -> bronze (events)": lambda paths: Peer(files_source(paths), land_event_files, BRONZE_EVENTS)
+    "files -> bronze (events)": lambda paths: Peer(files_source(paths), land_files, BRONZE_EVENTS)
 }
 
 
@@ -306,14 +332,14 @@ def measure(b: Bench, ctx: Context, stages: Iterable[str], files: dict[str, Sequ
         root = b.out / "work" / "plain" / _folder(stage)
         source, output = str(root / "input"), str(root / "output")
         peer.source(ctx).write.mode("overwrite").parquet(source)
-        write = partial(write_as, ctx.spark, output)
+        write = partial(write_plain if peer.plain else write_as, ctx.spark, output)
 
         fig = b.figure(PREFIX + stage, ours.unit)
         for attempt in range(b.repeats + 1):
             # The stage's units (events in, rows out), so the two rates compare the same work.
             with timed(warm_up_first(fig, attempt), ours.units[-1]):
                 peer.transform(ctx, ctx.spark.read.parquet(source), write)
-        fig.note = _same_rows(ctx, peer.target, f"{output}/{peer.target.key}")
+        fig.note = _same_rows(ctx, peer.target, source if peer.sends_input else f"{output}/{peer.target.key}")
         ours.peers[LABEL] = fig.stage
 
 

@@ -49,6 +49,51 @@ def _n(v: float | None, digits: int = 0) -> str:
     return f"{v:,.{digits or 2}f}"
 
 
+#: The event path's stages beside the plain program, with the least ratio each is held to (the
+#: landing within 3x of a plain bronze write, gold within 2x, the export within 5x of a bulk insert,
+#: the chain at half the plain program's rate, warm and cold).
+EVENT_PATH_GOALS = (
+    ("files -> bronze (events)", 1 / 3),
+    ("silver events", None),
+    ("gold (stage 1 + 2)", 1 / 2),
+    ("export to ClickHouse", 1 / 5),
+    ("end to end (events)", 1 / 2),
+    ("cold chain (events)", 1 / 2),
+)
+
+
+def event_path_table(result: dict[str, Any]) -> list[str]:
+    """The event path's stages beside their plain-program peers: each median, the ratio of the two
+    rates and the least it is held to (no line when the run measured none of them)."""
+    by_name = {s["stage"]: s for s in result["stages"]}
+    rows = []
+    for stage, goal in EVENT_PATH_GOALS:
+        ours = by_name.get(stage)
+        peer = next((p for p in (ours or {}).get("peers", []) if p["label"] == "plain Spark"), None)
+        if ours is None or peer is None or ours["median_seconds"] is None:
+            continue
+        theirs = by_name.get(peer["stage"], {})
+        ratio = peer.get("ratio")
+        held = "" if goal is None or ratio is None else ("met" if ratio >= goal else "not met")
+        rows.append(
+            f"| {stage} | {_n(ours['median_seconds'], 2)} | {_n(theirs.get('median_seconds'), 2)} | "
+            f"{'-' if ratio is None else f'{ratio:.2f}x'} | {'-' if goal is None else f'{goal:.2f}x'} {held} |"
+        )
+    if not rows:
+        return []
+    return [
+        "## The event path beside the plain program",
+        "",
+        "Median seconds of the stage and of its plain-Spark peer in this run; the ratio is the stage's rate",
+        "over the peer's (1.00x: as fast), beside the least it is held to.",
+        "",
+        "| stage | ours, s | plain, s | ratio | held to |",
+        "|---|---:|---:|---:|---|",
+        *rows,
+        "",
+    ]
+
+
 def markdown(result: dict[str, Any]) -> str:
     m = result["machine"]
     w = result["workload"]
@@ -77,7 +122,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"{_n(s['median_seconds'])} | {mem} | {ratio} |"
         )
     notes = [f"- {s['stage']}: {s['note']}" for s in result["stages"] if s.get("note")]
-    lines += ["", *notes]
+    lines += ["", *event_path_table(result), *notes]
     if "spark_jobs" in result:
         from pipelines.dev.bench import sparklog
 

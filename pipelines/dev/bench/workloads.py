@@ -19,6 +19,7 @@ from pipelines.demo.synthetic import (
     PageChangesSpec,
     generate_events,
     generate_page_changes,
+    generate_small_events,
     write_jsonl_batches,
 )
 from pipelines.sources.remote_write_series import Series, encode
@@ -77,8 +78,15 @@ class Workload:
     samples: int
 
     def chain_files(self) -> list[Path]:
-        """The events as the chain lands them: 8 pods' files per round (``Size.rounds``)."""
-        return self.event_files(8 * self.size.rounds)
+        """The events the chain lands (small ones, :func:`generate_small_events`: held to the plain
+        programs, :mod:`pipelines.dev.bench.plain`), as 8 pods' files per round (``Size.rounds``)."""
+        pods = 8 * self.size.rounds
+        folder = self.root / f"small-events-{pods}-pods"
+        existing = sorted(folder.glob("*.jsonl"))
+        if len(existing) == pods:
+            return existing
+        events = generate_small_events(events_spec(self.size))
+        return write_jsonl_batches(events, folder, "events", pods, interleave=True)
 
     def event_files(self, pods: int) -> list[Path]:
         """The events as ``pods`` interleaved files: each pod's flush covers the whole time span."""
