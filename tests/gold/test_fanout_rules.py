@@ -6,8 +6,8 @@ JavaScript's ``String(JSON.parse(token))``; one test asks Node itself when it is
 
 Every case goes through bronze's parse as the pipeline runs it, in each lane: Spark's
 (:func:`bronze.events.parse_events`, files) and the Kafka ingest process's
-(:func:`bronze.event_values.parse_event_values`, which leaves what it is unsure of to Spark); and
-through gold's entries (:func:`fan_out`) and stage 1's counts of them (:func:`tuple_counts`).
+(:func:`bronze.event_values.parse_event_values`, which leaves what it is unsure of to Spark). Stage
+1's counts (:func:`tuple_counts`) are held to the entries on every case at once.
 """
 
 from __future__ import annotations
@@ -48,18 +48,20 @@ MAX_BYTES = 1 << 20
 Event = tuple[int, str, datetime, str, str | None, str | None]
 
 
-@pytest.fixture(params=["spark", "in-process", "counted"])
+@pytest.fixture(params=["spark", "in-process"])
 def lane(request: pytest.FixtureRequest) -> str:
-    """Which parser lands the events: Spark's, or the Kafka ingest process's (Spark for the rest);
-    ``counted``: Spark's, then stage 1's counts (:func:`tuple_counts`) rather than the entries."""
+    """Which parser lands the events: Spark's, or the Kafka ingest process's (Spark for the rest)."""
     return str(request.param)
 
 
 def entries(df: DataFrame, rules: FanoutRules, lane: str, notation: str = JAVASCRIPT) -> DataFrame:
-    """Silver events -> one row per entry, as :func:`fan_out` gives them; in the ``counted`` lane, as
-    :func:`tuple_counts` counts them, each tuple repeated as many times as it counted."""
-    if lane != "counted":
-        return df.transform(fan_out(rules, notation))
+    """Silver events -> one row per entry, as :func:`fan_out` gives them."""
+    return df.transform(fan_out(rules, notation))
+
+
+def counted(df: DataFrame, rules: FanoutRules, notation: str = JAVASCRIPT) -> DataFrame:
+    """Silver events -> the entries as stage 1 counts them (:func:`tuple_counts`), each tuple
+    repeated as many times as it counted: the same multiset as :func:`entries`."""
     counts = df.transform(tuple_counts(rules, timedelta(seconds=30), notation))
     one = F.struct("team_id", "property_type", "property_key", "property_value", "skip_reason")
     return counts.select(F.inline(F.array_repeat(one, F.col("count").cast("int"))))
@@ -513,12 +515,13 @@ def test_stage_two_sums_a_tuple_over_batches_and_events_in_its_window(spark: Spa
         (8, "e", T, "b2", '{"plan":"pro"}', None),
     ]
     events, width = silver_events(spark, rows, lane), timedelta(seconds=30)
-    if lane == "counted":  # stage 1 as the flow runs it
-        parts = events.transform(tuple_counts(FanoutRules(), width)).where("skip_reason IS NULL")
-        parts = parts.transform(counted_partials())
-    else:
-        parts = events.transform(fan_out(FanoutRules())).transform(partials(width))
-    gold = parts.transform(merge_source()).select("team_id", "property_type", "property_key", "property_value", "count")
+    parts = events.transform(tuple_counts(FanoutRules(), width)).where("skip_reason IS NULL")
+    assertDataFrameEqual(  # stage 1 as the flow runs it, and the entries counted
+        parts.transform(counted_partials()).drop("created_at"),
+        events.transform(fan_out(FanoutRules())).transform(partials(width)).drop("created_at"),
+    )
+    gold = parts.transform(counted_partials()).transform(merge_source())
+    gold = gold.select("team_id", "property_type", "property_key", "property_value", "count")
     expect_rows = [
         (7, "event", "plan", "pro", 3),
         (7, "event", "n", "1", 2),
@@ -531,4 +534,26 @@ def test_stage_two_sums_a_tuple_over_batches_and_events_in_its_window(spark: Spa
             expect_rows,
             "team_id long, property_type string, property_key string, property_value string, count long",
         ),
+    )
+
+
+@pytest.mark.parametrize("notation", [JAVASCRIPT, SERDE_JSON])
+def test_stage_one_counts_the_entries_of_every_case(spark: SparkSession, notation: str) -> None:
+    # Every event of this module at once: stage 1's counts, expanded, are the entries' multiset.
+    blobs = [
+        "{" + ",".join(f'"k{i}":{t}' for i, t in enumerate(NUMBERS)) + "}",
+        "{" + ",".join(f'"s{i}":{t}' for i, t in enumerate(SERDE_NUMBERS)) + "}",
+        *(blob for blob, _ in PROPERTY_VALS_RS_CASES),
+        '{"a":1,"b":"x","a":2,"$set":{"p":"one","p":"two"},"$set_once":{"p":"x","q":"y"}}',
+        '{"$group_type_index":1,"$group_set":{"name":"Acme","size":10},"o":{"z":[1]},"e":"","n":null}',
+    ]
+    events = silver_events(
+        spark,
+        [(team, "$groupidentify", T, "b1", blob, '{"q":1,"q":3,"r":"s"}') for team, blob in enumerate(blobs)],
+        "spark",
+    )
+    rules = FanoutRules(nested_values="json", excluded_keys=("k3",))
+    assertDataFrameEqual(
+        counted(events, rules, notation),
+        entries(events, rules, "spark", notation).drop("bucket", "event_time", "batch_id"),
     )
