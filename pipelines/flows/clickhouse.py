@@ -393,7 +393,11 @@ def _export(
     except _NothingToSend:
         _nothing(record, batch.counted().gated if batch.counted else 0)
         return
-    sent = export.deliver(seq, app, gate.rows, _sent_figures(batch, gate, record), outbox_version if in_files else None)
+    # The outbox is what ClickHouse holds once it commits, so the cut, evaluated again, is empty:
+    # what a batch sends (and figures not counted by its write) is the outbox's rows of the batch.
+    recorded = tables.read(EXPORT_OUTBOX, where=f"export_seq = {seq}")
+    figures_sent = _sent_figures(batch, gate, record, recorded)
+    sent = export.deliver(seq, app, recorded, figures_sent, outbox_version if in_files else None)
     export.record.release()
     record.rows(sent, sent)
     record.say(
@@ -403,16 +407,17 @@ def _export(
     )
 
 
-def _sent_figures(batch: Batch, gate: WriteGate, record: FlowRecord) -> BatchFigures:
+def _sent_figures(batch: Batch, gate: WriteGate, record: FlowRecord, recorded: DataFrame) -> BatchFigures:
     """The figures of what a batch's outbox write kept: as counted before it or by it (its gated and
-    dropped rows to ``record``); counted again where a gate's drop check kept fewer rows."""
+    dropped rows to ``record``); counted again from the ``recorded`` rows where a gate's drop check
+    kept fewer rows."""
     figures = batch.figures
     if batch.counted is not None:
         counted = batch.counted()
         figures = counted.sent
         record.add(gated=counted.gated, top_values_dropped=counted.dropped)
     if figures is None or not gate.kept_all:
-        figures = batch_figures(gate.rows)
+        figures = batch_figures(recorded)
     return figures
 
 

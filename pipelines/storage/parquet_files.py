@@ -261,27 +261,23 @@ class TableFiles:
         if added is None:
             return None
         times = [f.name for f in schema.fields if isinstance(f.dataType, TimestampType)]
-        earliest: dict[str, datetime] = {}
-        latest: dict[str, datetime] = {}
-        unbounded: set[str] = set()
+        bounds: tuple[dict[str, datetime], dict[str, datetime]] = ({}, {})
+        unbounded: tuple[set[str], set[str]] = (set(), set())
         for stats in added:
             if not stats["numRecords"]:
                 continue
-            mins, maxes = stats.get("minValues") or {}, stats.get("maxValues") or {}
-            nulls = stats.get("nullCount") or {}
-            for name in times:
-                if mins.get(name) is not None and maxes.get(name) is not None:
-                    low, high = _timestamp(mins[name]), _timestamp(maxes[name])
-                    earliest[name] = min(earliest.get(name, low), low)
-                    latest[name] = max(latest.get(name, high), high)
-                elif nulls.get(name) != stats["numRecords"]:  # not only nulls (which no bound counts)
-                    unbounded.add(name)
+            only_nulls = {n for n, c in (stats.get("nullCount") or {}).items() if c == stats["numRecords"]}
+            for side, (key, pick) in enumerate((("minValues", min), ("maxValues", max))):
+                values = stats.get(key) or {}
+                for name in times:
+                    if values.get(name) is not None:
+                        at = _timestamp(values[name])
+                        bounds[side][name] = pick(bounds[side].get(name, at), at)
+                    elif name not in only_nulls:  # not only nulls (which no bound counts)
+                        unbounded[side].add(name)
         rows = sum(int(stats["numRecords"]) for stats in added)
-        return AddedStats(
-            rows,
-            {k: v for k, v in earliest.items() if k not in unbounded},
-            {k: v for k, v in latest.items() if k not in unbounded},
-        )
+        earliest, latest = ({k: v for k, v in b.items() if k not in u} for b, u in zip(bounds, unbounded, strict=True))
+        return AddedStats(rows, earliest, latest)
 
     def change_rows(self, table_uri: str, start: int, end: int) -> int | None:
         """The rows a read of the change feed of commits ``start..end`` handles: a commit's change

@@ -219,7 +219,7 @@ def test_inserted_stats_bound_an_append_only_range_and_say_nothing_of_another(
         assert isinstance(store, DeltaSparkStore) and store.catalog is not None
         assert store.inserted_stats(SPEC, v1, v3) is None
         return
-    assert store.inserted_stats(SPEC, v1, v3) == AddedStats(4, {"ts": T0 + hour})
+    assert store.inserted_stats(SPEC, v1, v3) == AddedStats(4, {"ts": T0 + hour}, {"ts": T0 + 2 * hour})
     assert store.inserted_stats(SPEC, v3, v3) == AddedStats(1, {})
     assert store.inserted_stats(SPEC, 0, 0) == AddedStats(0, {})  # the table's creation added no rows
     v4 = store.delete(SPEC, "k = 'a'")
