@@ -8,27 +8,24 @@ ClickHouse holds: a late count's correction is set against the counts the outbox
 tuple (:func:`gold.export.exported_of`). What a batch holds is gold's rules (:mod:`gold.export`);
 this module moves it.
 
-The embedded engine reads a batch's outbox files itself, in one insert with one token; a server
-gets them from the driver, a chunk of ``clickhouse.insert_chunk_rows`` rows per insert.
+How a batch is sent is :mod:`pipelines.flows.clickhouse_send`'s.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
 from gold.export import (
     CHANGE_COLUMNS,
-    EXPORT_COLUMNS,
     EXPORT_DATASET,
     EXPORT_KEY,
     PROGRESS_COLUMNS,
@@ -47,27 +44,22 @@ from gold.export import (
     export_bounds,
     exported_of,
     held_change_bounds,
-    in_send_order,
     incremental_batch,
     newest_event,
     outbox_rows,
     progress_in,
     progress_of,
-    rechunk,
-    with_last_seen,
 )
 from gold.property_values import KEY_FIELDS, WINDOW_START
 from pipelines.config.sections import ClickHouseSettings, GoldSettings
 from pipelines.config.settings import Settings
 from pipelines.errors import StorageError
-from pipelines.flows import flow_names
+from pipelines.flows.clickhouse_send import APP, BULK_APP, OUTBOX_APPS, send_batch
 from pipelines.runtime.flow_types import DeclaredTables, ExportRun, FlowRecord, WriteGate
-from pipelines.runtime.runner import app_id
 from pipelines.runtime.tables import EXPORT_OUTBOX, EXPORTS, GOLD_PROPERTY_VALUES
 from pipelines.sinks import clickhouse
 from pipelines.storage import AppTxn
 
-APP = app_id(flow_names.EXPORT_CLICKHOUSE, GOLD_PROPERTY_VALUES)
 #: A batch of at most this many rows is written to the outbox from the driver, where the store
 #: writes there (a few MB); a larger one is written by Spark.
 HELD_BATCH_ROWS = 100_000
@@ -76,19 +68,6 @@ HELD_BATCH_ROWS = 100_000
 HELD_CHANGE_ROWS = 100_000
 #: The late keys of a held change feed, as a frame (EXPORT_KEY).
 LATE_KEYS = StructType([f for f in KEY_FIELDS if f.name in EXPORT_KEY])
-#: The outbox records each batch under one of these app ids, which says how it is sent (and resent):
-#: ``BULK_APP`` (since 2026-12-07): its files whole, in one insert, where the embedded engine reads
-#: them, else in chunks of their rows in order; ``FILES_APP`` (before): in chunks of its files'
-#: rows in order; ``APP`` (before that, and tables by name): sorted by key, in chunks.
-BULK_APP = f"{APP}#bulk"
-FILES_APP = f"{APP}#files"
-OUTBOX_APPS = (BULK_APP, FILES_APP, APP)
-#: The columns of ``property_values`` as a batch's outbox files give them (``last_seen``: the end of
-#: the row's window, to its width in seconds, ``{width}``).
-BULK_COLUMNS = {
-    **{c: f"`{c}`" for c in EXPORT_COLUMNS},
-    "last_seen": "`window_start` + toIntervalSecond({width})",
-}
 
 
 @dataclass(frozen=True)
@@ -201,40 +180,11 @@ class PropertyValuesExport:
         return sent
 
     def send(self, seq: int, app: str, rows: DataFrame, outbox_version: int | None) -> int:
-        """Send batch ``seq`` as its ``app`` says (OUTBOX_APPS): the files of the outbox commit
-        ``outbox_version`` whole, where the embedded engine reads them; else in chunks whose tokens
-        name their place: of those files' rows in their order, or of ``rows`` sorted by key. A
-        resend cuts the same chunks, or the same blocks of the same files."""
-        width, ch = self.config.gold.window, self.config.clickhouse
-        connected = nullcontext(self.client()) if self.client else clickhouse.connect(ch)
+        """Send batch ``seq`` as its ``app`` says (:func:`send_batch`); returns rows sent."""
+        connected = nullcontext(self.client()) if self.client else clickhouse.connect(self.config.clickhouse)
         with connected as client:
-            clickhouse.ensure_property_values(client, ch.database, ch.ttl_days)
-            if app == BULK_APP and clickhouse.embedded(ch) and outbox_version is not None:
-                paths = self.tables.added_local_paths(EXPORT_OUTBOX, outbox_version)
-                seconds = str(int(width.total_seconds()))
-                columns = {c: e.replace("{width}", seconds) for c, e in BULK_COLUMNS.items()}
-                token = f"{_token(seq, 0, 'bulk')}"
-                if paths and clickhouse.insert_files(
-                    client, clickhouse.PROPERTY_VALUES_TABLE, columns, paths, token, ch.database
-                ):
-                    return sum(pq.read_metadata(p).num_rows for p in paths)  # the files' footers
-            if app == APP or outbox_version is None:
-                batches: AbstractContextManager[Iterable[pa.RecordBatch]] = self.tables.stream(
-                    in_send_order(rows, width)
-                )
-            else:
-                batches = self.tables.stream_added(EXPORT_OUTBOX, outbox_version, EXPORT_COLUMNS)
-            order = {APP: "c", FILES_APP: "f"}.get(app, "b")
-            sent = 0
-            with batches as reader:
-                for i, data in enumerate(rechunk(reader, ch.insert_chunk_rows)):
-                    if order != "c":
-                        data = with_last_seen(data, width)
-                    clickhouse.insert(
-                        client, clickhouse.PROPERTY_VALUES_TABLE, data, _token(seq, i, order), ch.database
-                    )
-                    sent += data.num_rows
-        return sent
+            ch, width = self.config.clickhouse, self.config.gold.window
+            return send_batch(self.tables, client, ch, width, seq, app, rows, outbox_version)
 
     def changes_since(
         self, prev: ExportProgress, version: int, changed: int | None
@@ -445,9 +395,3 @@ def _observed(export: PropertyValuesExport, cut: Cut, seq: int) -> Batch:
 def _nothing(record: FlowRecord, gated: int) -> None:
     record.add(gated=gated)
     record.noop("no closed window has counts to export" + (f" ({gated:,} gated)" if gated else ""))
-
-
-def _token(seq: int, chunk: int, order: str) -> str:
-    """The insert token of chunk ``chunk`` of batch ``seq``; ``order`` tells how the batch was cut:
-    ``c`` sorted by key (batches written before ``f``), ``f`` in the order of the outbox's files."""
-    return f"medallion:{GOLD_PROPERTY_VALUES.key}:batch{seq}:{order}{chunk}"
