@@ -47,7 +47,7 @@ def kafka_stage(b: Bench, w: Workload) -> None:
             fig = b.figure(stage, "messages")
             peer = b.figure(f"{KAFKA_PEER}, {kind}", "messages")
             fig.peers["kafka-python consumer"] = peer.stage
-            for attempt in range(b.repeats + 1):
+            for attempt in b.attempts():
                 topic = f"bench-{uuid.uuid4().hex[:8]}"
                 produce(broker.bootstrap, topic, messages)
                 ctx = b.context("kafka")

@@ -34,7 +34,7 @@ def remote_write_stage(b: Bench, w: Workload) -> None:
     from pipelines.sources.remote_write_receiver import Metrics, Receiver, Response
 
     decode_fig = b.figure("remote write: decode only", "samples")
-    for attempt in range(b.repeats + 1):
+    for attempt in b.attempts():
         target = warm_up_first(decode_fig, attempt)
         with timed(target, w.samples):
             for body in w.remote_write_bodies:
@@ -63,7 +63,7 @@ def remote_write_stage(b: Bench, w: Workload) -> None:
     bodies.write_bytes(pickle.dumps(w.remote_write_bodies))
 
     line_fig = b.figure("peer: remote write read and discard", "samples")
-    for attempt in range(b.repeats + 1):
+    for attempt in b.attempts():
         target = warm_up_first(line_fig, attempt)
         with sending(Discard(), bodies) as send, timed(target, w.samples):
             statuses = send()
@@ -74,7 +74,7 @@ def remote_write_stage(b: Bench, w: Workload) -> None:
     fig = b.figure("remote write -> bronze", "samples")
     fig.peers["decode only"] = decode_fig.stage
     fig.peers["read and discard"] = line_fig.stage
-    for attempt in range(b.repeats + 1):
+    for attempt in b.attempts():
         ctx = b.context("remote-write")
         lake = Path(ctx.settings.lake_root)
         cfg = RemoteWriteSettings(flush_interval=timedelta(seconds=0.5))
@@ -240,7 +240,7 @@ def remote_write_steady_stage(b: Bench, w: Workload) -> None:
             cpu[fig.stage].append(used * 400_000 / timed_samples)
             busy[fig.stage].append(load.busy(started, ended))
 
-    for attempt in range(b.repeats + 1):
+    for attempt in b.attempts():
         for name, (fsync, processes) in SERVE_VARIANTS.items():
             ctx = b.context("remote-write-steady")
             remote_write = {"fsync": fsync}

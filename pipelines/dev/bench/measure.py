@@ -289,5 +289,15 @@ class Bench:
         )
         return Context(settings=settings, spark=self.spark, store=open_store(settings, self.spark), say=lambda _: None)
 
+    @property
+    def warm_ups(self) -> int:
+        """Warm-up runs before a stage's timed runs: none at XS, whose figures are fixed costs
+        that no ratio or goal reads (it checks the bench itself), else one."""
+        return 0 if self.size.name == "XS" else 1
+
+    def attempts(self) -> range:
+        """A stage's runs, each numbered as ``warm_up_first`` reads it (0: the warm-up)."""
+        return range(1 - self.warm_ups, self.repeats + 1)
+
     def figure(self, stage: str, unit: str, **kw: Any) -> Figure:
         return self.figures.setdefault(stage, Figure(stage, unit, **kw))

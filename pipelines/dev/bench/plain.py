@@ -335,7 +335,7 @@ def measure(b: Bench, ctx: Context, stages: Iterable[str], files: dict[str, Sequ
         write = partial(write_plain if peer.plain else write_as, ctx.spark, output)
 
         fig = b.figure(PREFIX + stage, ours.unit)
-        for attempt in range(b.repeats + 1):
+        for attempt in b.attempts():
             # The stage's units (events in, rows out), so the two rates compare the same work.
             with timed(warm_up_first(fig, attempt), ours.units[-1]):
                 peer.transform(ctx, ctx.spark.read.parquet(source), write)

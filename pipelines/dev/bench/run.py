@@ -153,7 +153,7 @@ def clickhouse_peer(b: Bench, ctx: Context) -> None:
             "person_properties Nullable(String)) ENGINE = MergeTree ORDER BY team_id"
         )
         client.insert_arrow(f"{db}.bronze_events", events)
-        for attempt in range(b.repeats + 1):
+        for attempt in b.attempts():
             client.command(f"DROP TABLE IF EXISTS {db}.peer_property_values")
             client.command(
                 f"CREATE TABLE {db}.peer_property_values (team_id Int64, property_type String, property_key String, "
@@ -176,7 +176,7 @@ def spark_dedup_peer(b: Bench, ctx: Context) -> None:
     n = bronze.count()
     bronze.write.mode("overwrite").parquet(str(src))
     kept = 0
-    for attempt in range(b.repeats + 1):
+    for attempt in b.attempts():
         name = f"peer_dedup_{uuid.uuid4().hex[:6]}"
         stream = (
             b.spark.readStream.schema(bronze.schema)
@@ -225,7 +225,7 @@ def metric_panes_stage(b: Bench, w: Workload) -> None:
             "grouping_labels": ["mode"],
             **shape,
         }
-        for attempt in range(b.repeats + 1):
+        for attempt in b.attempts():
             ctx = b.context("metrics", metrics={"aggregations": [aggregation]})
             ctx.store.ensure(BRONZE_SAMPLES)
             ctx.store.append(BRONZE_SAMPLES, table)
@@ -308,8 +308,9 @@ def event_path(b: Bench, w: Workload, gates_off: bool) -> Context:
     cold chain beside its one-process peer. The whole bench at S and M runs it, and so does
     ``--only chain``, alone. Returns the last gated run's context."""
     off = ", then off" if gates_off else ""
-    b.say(f"pipeline chain: 1 warm-up + {b.repeats} runs, each with the quality gates on{off}")
-    chain(b, w, record=False)
+    b.say(f"pipeline chain: {b.warm_ups} warm-up + {b.repeats} runs, each with the quality gates on{off}")
+    if b.warm_ups:
+        chain(b, w, record=False)
     for i in range(b.repeats):
         ctx = chain(b, w, record=True)
         if gates_off:
