@@ -97,15 +97,12 @@ class Cut:
 @dataclass(frozen=True)
 class Batch:
     """A batch as the outbox records it: its rows (a view of a frame the run cached, or a frame
-    the outbox write counts as it reads it), their figures (None: counted by that write, see
-    ``counted``) and the gold version they were cut from."""
+    the outbox write counts as it reads it) and their figures (None: counted by that write, see
+    ``counted``), with the rows the gate held back (those counted first)."""
 
     rows: DataFrame
     figures: BatchFigures | None
-    gated: int
-    dropped: int
-    closed_before: datetime | None
-    gold_version: int
+    gated: int = 0
     #: Where the figures are counted by the outbox write: (sent figures, gated, dropped) once it ran.
     counted: Callable[[], CutFigures] | None = None
 
@@ -133,6 +130,10 @@ class PropertyValuesExport:
         """The app id the outbox recorded batch ``seq`` under: how it is sent (see OUTBOX_APPS)."""
         return next((a for a in OUTBOX_APPS[:-1] if self.tables.txn_version(EXPORT_OUTBOX, a) == seq), APP)
 
+    def recorded(self, seq: int) -> DataFrame:
+        """The outbox's rows of batch ``seq``: what it sends, and what ClickHouse holds once sent."""
+        return self.tables.read(EXPORT_OUTBOX, where=f"export_seq = {seq}")
+
     def progress(self, seq: int) -> ExportProgress | None:
         """Where outbox batch ``seq`` left the export. Every row of a batch carries it, so one row
         is read: from the files of the commit that recorded the batch where the store reads a
@@ -142,7 +143,7 @@ class PropertyValuesExport:
             version = tables.commit_of(EXPORT_OUTBOX, AppTxn(app, seq))
             with tables.stream_added(EXPORT_OUTBOX, version, PROGRESS_COLUMNS) as reader:
                 return progress_in(next((b for b in reader if b.num_rows), None))
-        return progress_of(tables.read(EXPORT_OUTBOX, where=f"export_seq = {seq}"))
+        return progress_of(self.recorded(seq))
 
     def resend(self, seq: int) -> int:
         """Send outbox batch ``seq`` again, as it was first sent, and record it; returns rows sent."""
@@ -152,7 +153,7 @@ class PropertyValuesExport:
                 f"export batch {seq} was recorded to be sent from its outbox files, which tables by name do "
                 "not read: finish it with the tables by path (catalog and schema unset), then switch"
             )
-        rows = self.record.cache(self.tables.read(EXPORT_OUTBOX, where=f"export_seq = {seq}"))
+        rows = self.record.cache(self.recorded(seq))
         version = self.tables.commit_of(EXPORT_OUTBOX, AppTxn(app, seq)) if app != APP else None
         return self.deliver(seq, app, rows, batch_figures(rows), version)
 
@@ -345,7 +346,7 @@ def _export(
         return
     # The outbox is what ClickHouse holds once it commits, so the cut, evaluated again, is empty:
     # what a batch sends (and figures not counted by its write) is the outbox's rows of the batch.
-    recorded = tables.read(EXPORT_OUTBOX, where=f"export_seq = {seq}")
+    recorded = export.recorded(seq)
     figures_sent = _sent_figures(batch, gate, record, recorded)
     sent = export.deliver(seq, app, recorded, figures_sent, outbox_version if in_files else None)
     export.record.release()
@@ -376,20 +377,23 @@ def _counted(export: PropertyValuesExport, cut: Cut, seq: int) -> Batch:
     whole = export.record.cache(cut.rows)
     figures = cut_figures(whole)
     export.record.add(gated=figures.gated, top_values_dropped=figures.dropped)
-    sendable = whole.where("NOT _gated AND NOT _dropped").drop("_gated", "_dropped")
     # A view of the cached batch, not cached again: the gate checks it as the outbox write reads it.
-    rows = sendable.transform(outbox_rows(seq, cut.gold_version, cut.newest, cut.through))
-    return Batch(rows, figures.sent, figures.gated, figures.dropped, cut.closed_before, cut.gold_version)
+    return Batch(_outbox_rows(whole, cut, seq), figures.sent, figures.gated)
 
 
 def _observed(export: PropertyValuesExport, cut: Cut, seq: int) -> Batch:
     """The batch of ``cut``, counted by the outbox write as it reads it (no pass of its own)."""
     record = export.record
     observed = record.observe("cut", cut.rows, **cut_figure_columns())
-    sendable = observed.where("NOT _gated AND NOT _dropped").drop("_gated", "_dropped")
-    rows = sendable.transform(outbox_rows(seq, cut.gold_version, cut.newest, cut.through))
     counted = functools.cache(lambda: cut_figures_of(record.observed("cut", query=False)))
-    return Batch(rows, None, 0, 0, cut.closed_before, cut.gold_version, counted)
+    return Batch(_outbox_rows(observed, cut, seq), None, counted=counted)
+
+
+def _outbox_rows(cut_rows: DataFrame, cut: Cut, seq: int) -> DataFrame:
+    """The rows of ``cut`` (``cut_rows``: its rows as counted) the outbox records as batch ``seq``:
+    those neither gated nor dropped."""
+    sendable = cut_rows.where("NOT _gated AND NOT _dropped").drop("_gated", "_dropped")
+    return sendable.transform(outbox_rows(seq, cut.gold_version, cut.newest, cut.through))
 
 
 def _nothing(record: FlowRecord, gated: int) -> None:
