@@ -229,23 +229,27 @@ def is_spec(spec: TableSpec) -> Callable[..., bool]:
 
 
 Patch = Callable[[pytest.MonkeyPatch, type[TableStore]], None]
+#: Where a batch's sending can stop: before ClickHouse has its rows, and before and after its record.
+SENDING_CRASHES: list[tuple[str, Patch]] = [
+    (
+        "between the outbox and the insert",
+        lambda m, _: crash_on(m, clickhouse, ("insert", "insert_files"), lambda *a, **k: True, False),
+    ),
+    (
+        "between the insert and its Delta record",
+        lambda m, store: crash_on(m, store, "append", is_spec(EXPORTS), False),
+    ),
+    (
+        "after the Delta record",
+        lambda m, store: crash_on(m, store, "append", is_spec(EXPORTS), True),
+    ),
+]
 
 
 @pytest.mark.parametrize(
     ("what", "patch"),
     [
-        (
-            "between the outbox and the insert",
-            lambda m, _: crash_on(m, clickhouse, ("insert", "insert_files"), lambda *a, **k: True, False),
-        ),
-        (
-            "between the insert and its Delta record",
-            lambda m, store: crash_on(m, store, "append", is_spec(EXPORTS), False),
-        ),
-        (
-            "after the Delta record",
-            lambda m, store: crash_on(m, store, "append", is_spec(EXPORTS), True),
-        ),
+        *SENDING_CRASHES,
         (
             "in the merger before its commit",
             lambda m, store: crash_on(m, store, ("append", "merge"), is_spec(GOLD_PROPERTY_VALUES), False),
@@ -284,18 +288,7 @@ def test_a_crash_then_a_rerun_leaves_clickhouse_as_a_clean_run(
             "before the outbox's commit",
             lambda m, store: crash_on(m, store, "append", is_spec(EXPORT_OUTBOX), False),
         ),
-        (
-            "between the outbox and the insert",
-            lambda m, _: crash_on(m, clickhouse, ("insert", "insert_files"), lambda *a, **k: True, False),
-        ),
-        (
-            "between the insert and its Delta record",
-            lambda m, store: crash_on(m, store, "append", is_spec(EXPORTS), False),
-        ),
-        (
-            "after the Delta record",
-            lambda m, store: crash_on(m, store, "append", is_spec(EXPORTS), True),
-        ),
+        *SENDING_CRASHES,
     ],
 )
 def test_a_crash_in_an_export_with_corrections_then_a_rerun_leaves_clickhouse_as_a_clean_run(
