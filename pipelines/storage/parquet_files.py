@@ -220,9 +220,7 @@ class TableFiles:
         no copy: a driver-side sink can cut it into chunks that a retry cuts alike.
         """
         base = self._fs_path(table_uri)
-        ((_, actions),) = self.commits(table_uri, version, version)
-        paths = sorted(unquote(a["add"]["path"]) for a in actions if "add" in a)
-        names = [self._fs_path(p) if "://" in p else f"{base}/{p}" for p in paths]
+        names = [self._fs_path(p) if "://" in p else f"{base}/{p}" for p in self._added_paths(table_uri, version)]
         if not names:
             yield pa.RecordBatchReader.from_batches(pa.schema([]), [])
             return
@@ -234,12 +232,16 @@ class TableFiles:
         table is not on the local file system): for a reader that opens them itself."""
         if "://" in table_uri and not table_uri.startswith("file://"):
             return None
-        base = self._fs_path(table_uri)
-        ((_, actions),) = self.commits(table_uri, version, version)
-        paths = sorted(unquote(a["add"]["path"]) for a in actions if "add" in a)
+        paths = self._added_paths(table_uri, version)
         if any("://" in p for p in paths):
             return None
-        return [f"{base}/{p}" for p in paths]
+        return [f"{self._fs_path(table_uri)}/{p}" for p in paths]
+
+    def _added_paths(self, table_uri: str, version: int) -> list[str]:
+        """The paths commit ``version``'s add actions name (relative to the table, or absolute URIs),
+        in path order."""
+        ((_, actions),) = self.commits(table_uri, version, version)
+        return sorted(unquote(a["add"]["path"]) for a in actions if "add" in a)
 
     def read_columns(self, table_uri: str, paths: Sequence[str], schema: pa.Schema) -> pa.Table:
         """The rows of the table's files ``paths`` (as its log names them) in the driver, conformed
