@@ -129,10 +129,27 @@ def property_text(props: Column, key: str, notation: str = JAVASCRIPT, raw: Colu
     value as its compact JSON, a JSON null as null; ``raw``, the event's JSON text, gives a zero its
     sign in serde_json's notation."""
     value = props[key]
+    return canonical_text(value, F.schema_of_variant(value), notation, F.lit(key), raw)
+
+
+def canonical_text(
+    value: Column, kind: Column, notation: str, key: Column | None = None, source: Column | None = None
+) -> Column:
+    """A VARIANT ``value`` of type ``kind`` (its ``schema_of_variant``) -> its canonical text, null
+    for a JSON null. Most values are written from the value itself by its type, in generated code:
+    a string as it is, an integer's digits (JavaScript's notation), ``true`` / ``false``; the rest
+    (any other number, a nested value) from its JSON text by :func:`bronze.properties.value_text`.
+    Rendering every value as JSON first cost a quarter of stage 1 (Spark makes a JSON generator per
+    string). ``source``, the JSON text the value of ``key`` was parsed from, gives a zero its sign
+    in serde_json's notation."""
+    fast = F.when(kind == "STRING", F.variant_get(value, "$", "string"))
+    fast = fast.when(kind == "BOOLEAN", F.variant_get(value, "$", "boolean").cast("string"))
+    if notation != SERDE_JSON:  # serde_json writes some integers otherwise (past 64 bits, -0)
+        fast = fast.when(kind.isin(*INTEGER_TYPES), F.variant_get(value, "$", "bigint").cast("string"))
     json = F.to_json(value)
-    text = value_text(json, value, notation)
-    if notation == SERDE_JSON and raw is not None:
-        text = F.when(negative_zero(F.lit(key), json, raw), F.lit("-0.0")).otherwise(text)
+    text = F.when(kind != "VOID", F.coalesce(fast, value_text(json, value, notation)))
+    if notation == SERDE_JSON and key is not None and source is not None:
+        text = F.when(negative_zero(key, json, source), F.lit("-0.0")).otherwise(text)
     return text
 
 
@@ -236,28 +253,16 @@ def property_entries(df: DataFrame, sources: bool = False) -> DataFrame:
 
 def _valued(rules: FanoutRules, notation: str, sources: bool) -> Callable[[DataFrame], DataFrame]:
     """Entries (:func:`property_entries`: ``property_type``, ``property_key``, ``_value``; with
-    ``sources``, ``_source``) -> with the value's canonical text (``property_value``) and why the
-    tuple is skipped (``skip_reason``, null for one that counts).
-
-    Most values are written from the value itself by its type, in generated code: a string as it
-    is, an integer's digits (JavaScript's notation), ``true`` / ``false``; the rest (any other
-    number, a nested value) from its JSON text by :func:`bronze.properties.value_text`. Rendering
-    every value as JSON first cost a quarter of stage 1 (Spark makes a JSON generator per string).
-    ``_source``, the JSON text a value was parsed from, gives a zero its sign in serde_json's
-    notation."""
+    ``sources``, ``_source``) -> with the value's canonical text (``property_value``,
+    :func:`canonical_text`) and why the tuple is skipped (``skip_reason``, null for one that
+    counts). ``_source``, the JSON text a value was parsed from, gives a zero its sign in
+    serde_json's notation."""
 
     def transform(df: DataFrame) -> DataFrame:
         staged = df.withColumn("_type", F.schema_of_variant(VALUE))
-        value, kind = F.col(VALUE), F.col("_type")
-        fast = F.when(kind == "STRING", F.variant_get(value, "$", "string"))
-        fast = fast.when(kind == "BOOLEAN", F.variant_get(value, "$", "boolean").cast("string"))
-        if notation != SERDE_JSON:  # serde_json writes some integers otherwise (past 64 bits, -0)
-            fast = fast.when(kind.isin(*INTEGER_TYPES), F.variant_get(value, "$", "bigint").cast("string"))
-        json = F.to_json(value)
+        kind, source = F.col("_type"), F.col("_source") if sources else None
+        text = canonical_text(F.col(VALUE), kind, notation, F.col("property_key"), source)
         null = kind == "VOID"
-        text = F.when(~null, F.coalesce(fast, value_text(json, value, notation)))
-        if notation == SERDE_JSON and sources:
-            text = F.when(negative_zero(F.col("property_key"), json, F.col("_source")), F.lit("-0.0")).otherwise(text)
         nested = kind.startswith("OBJECT") | kind.startswith("ARRAY")
         out = F.when(nested, text if rules.nested_values == "json" else F.lit(None)).otherwise(text)
         valued = staged.withColumn("property_value", out)
