@@ -102,13 +102,13 @@ def _open(settings: Settings | ClickHouseSettings) -> Any:
 
     ch = settings.clickhouse if isinstance(settings, Settings) else settings
     dsn = ch.dsn or ""
-    if dsn.startswith("chdb://") and importlib.util.find_spec("chdb") is None:
+    if embedded(ch) and importlib.util.find_spec("chdb") is None:
         raise ClickHouseError(
             f"the embedded ClickHouse ({redact_url(dsn)}) needs chdb, which is not installed: "
             "pip install 'medallion[local]', or set clickhouse.dsn to a ClickHouse server"
         )
     try:
-        if dsn.startswith("chdb://"):
+        if embedded(ch):
             Path(dsn.removeprefix("chdb://")).mkdir(parents=True, exist_ok=True)
             return clickhouse_connect.get_client(dsn=dsn)
         return clickhouse_connect.get_client(
