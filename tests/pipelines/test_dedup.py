@@ -1,5 +1,12 @@
 """Exactly once by event identity: an event that reaches the pipeline twice is counted once in
-silver, gold and ClickHouse, on both engines.
+silver, gold and ClickHouse.
+
+The engine changes how silver is read for the repeats a batch may hold (the ids a small batch
+looks up, the files the horizon keeps, the read before a crash): the tests of those reads run on
+both engines. The others hold rules that no storage call decides, on delta-rs alone
+(``ONE_ENGINE``: a delta-spark run of each cost 20-65 s of the suite). Their paths' storage runs
+on delta-spark elsewhere: Kafka's landing in test_kafka_ingest, the page changes' state and
+windows in the cluster demo over Connect (the same figures as on delta-rs) and test_jobs.
 
 The expectation is independent of the dedup code: the same events sent once, through the same
 pipeline into a second lake (on the default engine, once per module: ``sent_once``).
@@ -33,6 +40,8 @@ from tests.pipelines.test_kafka_ingest import settings_env
 pytestmark = pytest.mark.integration
 
 STREAM = [event(i, second=i * 3) for i in range(30)]  # 90 s of events: 3 windows of 30 s
+#: The engine of the tests whose rules no storage call decides (the module's docstring).
+ONE_ENGINE = "delta-rs"
 
 
 def make_ctx(spark: SparkSession, lake: Path, engine: str, **silver: Any) -> Context:
@@ -128,11 +137,11 @@ def test_a_batch_of_a_few_events_drops_those_silver_holds(spark: SparkSession, e
 
 
 def test_a_batch_of_a_few_new_events_keeps_them_all_even_an_id_another_team_used(
-    spark: SparkSession, engine: str, tmp_path: Path
+    spark: SparkSession, tmp_path: Path
 ) -> None:
     """A batch of at most ``LOOKUP_IDS`` rows that repeats nothing silver holds is written whole:
     an event is its ``(team_id, uuid)``, so another team's event with a uuid silver holds is new."""
-    ctx = make_ctx(spark, tmp_path / "new", engine)
+    ctx = make_ctx(spark, tmp_path / "new", ONE_ENGINE)
     ingest.ingest_files(ctx, "events", [write(tmp_path / "a.jsonl", STREAM[:20])])
     passes.silver_events(ctx)
     other_team = {**STREAM[3], "team_id": 2}
@@ -143,19 +152,19 @@ def test_a_batch_of_a_few_new_events_keeps_them_all_even_an_id_another_team_used
 
 
 def test_a_repeat_beyond_the_horizon_is_counted_again_and_zero_turns_it_off(
-    spark: SparkSession, engine: str, tmp_path: Path
+    spark: SparkSession, tmp_path: Path
 ) -> None:
     def late(e: dict[str, Any], hours: int) -> dict[str, Any]:
         return {**e, "timestamp": e["timestamp"].replace("T00:", f"T{hours:02d}:")}
 
     repeats = [STREAM[0], late(STREAM[0], 2), STREAM[1], STREAM[1]]  # 0 again after 2 h; 1 twice at once
-    ctx = make_ctx(spark, tmp_path / "hour", engine, dedup_horizon="1h")
+    ctx = make_ctx(spark, tmp_path / "hour", ONE_ENGINE, dedup_horizon="1h")
     ingest.ingest_files(ctx, "events", [write(tmp_path / "r.jsonl", repeats)])
     record = passes.silver_events(ctx)
     assert (record.rows_out, record.metrics["duplicates_dropped"]) == (3, 1)
     assert silver_uuids(ctx.store) == sorted([STREAM[0]["uuid"], STREAM[0]["uuid"], STREAM[1]["uuid"]])
 
-    off = make_ctx(spark, tmp_path / "off", engine, dedup_horizon="0")
+    off = make_ctx(spark, tmp_path / "off", ONE_ENGINE, dedup_horizon="0")
     ingest.ingest_files(off, "events", [write(tmp_path / "r.jsonl", repeats)])
     record = passes.silver_events(off)
     assert record.rows_out == 4 and "duplicates_dropped" not in record.metrics
@@ -233,7 +242,6 @@ def test_silver_is_read_only_in_the_files_the_horizon_covers(spark: SparkSession
 
 def test_kafka_messages_sent_twice_are_one_event(
     spark: SparkSession,
-    engine: str,
     kafka_broker: KafkaBroker,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -249,7 +257,7 @@ def test_kafka_messages_sent_twice_are_one_event(
     lake = tmp_path / "lake"
     for k, v in settings_env(kafka_broker, lake, topic, pages, group).items():
         monkeypatch.setenv(k, v)
-    monkeypatch.setenv("MEDALLION_DELTA_ENGINE", engine)
+    monkeypatch.setenv("MEDALLION_DELTA_ENGINE", ONE_ENGINE)
     monkeypatch.setenv("MEDALLION_GOLD__WINDOW", "30s")
     monkeypatch.setenv("MEDALLION_GOLD__GRACE", "60s")
     ctx = Context(settings=load_settings(), spark=spark, store=open_store(load_settings(), spark))
@@ -266,15 +274,13 @@ def test_kafka_messages_sent_twice_are_one_event(
     assert (gold_state(ctx), clickhouse_state(ctx)) == sent_once(12)
 
 
-def test_page_changes_drop_an_exact_repeat_of_meta_id_and_count_it(
-    spark: SparkSession, engine: str, tmp_path: Path
-) -> None:
+def test_page_changes_drop_an_exact_repeat_of_meta_id_and_count_it(spark: SparkSession, tmp_path: Path) -> None:
     lines = [ln for f in PAGE_CHANGE_FILES for ln in f.read_text().splitlines() if ln.strip()]
     (tmp_path / "all.jsonl").write_text("\n".join(lines) + "\n")
     (tmp_path / "again.jsonl").write_text("\n".join(lines[:3]) + "\n")  # a producer's retry of three
 
     def emitted(lake: str, files: list[str]) -> tuple[list[tuple], Any]:
-        ctx = make_ctx(spark, tmp_path / lake, engine)
+        ctx = make_ctx(spark, tmp_path / lake, ONE_ENGINE)
         ingest.ingest_files(ctx, "page_changes", [tmp_path / f for f in files])
         record = passes.silver_page_changes(ctx, drain=True)
         rows = ctx.store.read(SILVER_PAGE_CHANGES).drop("raw").collect()
@@ -288,7 +294,7 @@ def test_page_changes_drop_an_exact_repeat_of_meta_id_and_count_it(
 
 
 def test_a_page_change_repeating_one_buffered_in_an_open_window_is_dropped_and_counted(
-    spark: SparkSession, engine: str, tmp_path: Path
+    spark: SparkSession, tmp_path: Path
 ) -> None:
     # The newest change (2024-10-08T07:35:59Z) is still buffered after the first run: its window
     # ends after the watermark (the newest time less the minute of allowed lateness). A producer's
@@ -299,7 +305,7 @@ def test_a_page_change_repeating_one_buffered_in_an_open_window_is_dropped_and_c
     (tmp_path / "retry.jsonl").write_text(newest + "\n")
 
     def emitted(lake: str, retry: bool) -> tuple[list[tuple], list[Any]]:
-        ctx = make_ctx(spark, tmp_path / lake, engine)
+        ctx = make_ctx(spark, tmp_path / lake, ONE_ENGINE)
         ingest.ingest_files(ctx, "page_changes", [tmp_path / "all.jsonl"])
         runs = [passes.silver_page_changes(ctx)]
         # The state's rows, as the run's figure gives them (counted by its write) and as the table holds them.

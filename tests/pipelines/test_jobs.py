@@ -31,6 +31,12 @@ def ctx(spark: SparkSession, engine_settings: Callable[..., Settings], tmp_path:
     return Context(settings=settings, spark=spark, store=open_store(settings, spark))
 
 
+#: Why a twin is left out on delta-spark: it differs from the test beside it only in a branch the
+#: runner takes in Python from the same engine calls (figures counted after the write; an
+#: increment one row over the small limit), and a delta-spark run costs 10-25 s of the suite.
+TWIN_ON_DELTA_RS = "a Python-side twin: run on delta-rs; its engine calls run on delta-spark in the test beside it"
+
+
 def uuid(team: int, i: int) -> str:
     return f"00000000-0000-4000-8000-{team:04d}{i:08d}"
 
@@ -205,6 +211,8 @@ def test_bucket_figures_are_the_events_written_to_each_bucket(
     ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, counted: str
 ) -> None:
     if counted == "after the write":  # a run over more buckets than the write computes figures for
+        if ctx.settings.delta_engine == "delta-spark":
+            pytest.skip(TWIN_ON_DELTA_RS)
         monkeypatch.setattr(silver_jobs, "OBSERVED_BUCKETS", 0)
     ingest.ingest_files(ctx, "events", [write_events(tmp_path / f"t{team}.jsonl", team, team) for team in range(1, 9)])
     record = passes.silver_events(ctx)
@@ -249,6 +257,8 @@ def test_a_small_increment_is_written_planned_whole_and_stage_one_interpreted(
 ) -> None:
     # 10 new events: at most a limit of 10 rows is small (planned whole), over 9 is not.
     settings = engine_settings(tmp_path / "lake", spark={"small_increment_rows": limit})
+    if limit == 9 and settings.delta_engine == "delta-spark":
+        pytest.skip(TWIN_ON_DELTA_RS)
     ctx = Context(settings=settings, spark=spark, store=open_store(settings, spark))
     seen: dict[str, tuple[str, str]] = {}
     real_append = type(ctx.store).append
