@@ -83,18 +83,19 @@ def gated_write(
     figures: FlowRecord,
     least: Any = None,
 ) -> int:
-    """``out`` written into ``flow``'s target through its gate: appended (or, for a MERGE whose
-    source no target row can match, appended too) in one pass where the suite allows, the gate's
-    checks on totals judged between the write's files and its commit where the store can
-    (:func:`pipelines.runtime.quality.gate_in_write`); a MERGE's source validated first. The new
-    version."""
+    """``out`` written into ``flow``'s target through its gate, in one pass where the suite
+    allows (:func:`pipelines.runtime.quality.gate_in_write`): appended (or, for a MERGE whose
+    source no target row can match, appended too), the gate's checks on totals judged between the
+    write's files and its commit where the store can; MERGEd where the store reads the source
+    once and can judge it before the MERGE changes anything (delta-rs stages it), else the source
+    is validated first from a cache. The new version."""
     target = flow.targets[0]
-    if isinstance(flow.write, Merge):
+    staged = ctx.store.checks_before_commit
+    if isinstance(flow.write, Merge) and not staged:
         held = _append_instead(ctx, flow, out, buckets, figures, least)
-        if held is None:  # a MERGE: its source is read more than once, so validated from a cache
+        if held is None:  # a MERGE that reads its source more than once: validated from a cache
             source = gate_rows(ctx, record, target.key, figures.cache(out), txn, params)
             return write(ctx, flow, source, txn, buckets, figures, least)
-    staged = ctx.store.checks_before_commit
     gated = quality.gate_in_write(ctx, record, target.key, out, txn, staged, **params)
     return gated.write_staged(lambda rows, check: write(ctx, flow, rows, txn, buckets, figures, least, check))
 
@@ -204,7 +205,8 @@ def write(
     can match is appended, see ``MergeRules.appends_above``; ``figures``: the flow's record, which
     may hold its :data:`MERGE_SOURCE` observation; ``least``: a lower bound of the source's
     ``appends_above`` column that its files' statistics gave). ``before_commit``: the gate's
-    judgement, run between an append's files and its commit. The new version."""
+    judgement, run between an append's files and its commit, or before a MERGE changes the
+    target (where the store can, ``checks_before_commit``). The new version."""
     target = flow.targets[0]
     if not isinstance(flow.write, Merge):
         return ctx.store.append(target, out, [txn], before_commit=before_commit)
@@ -212,10 +214,7 @@ def write(
     if held is not None:  # committed through the version the bound was read at
         log.info("%s: no row of %s can match, appended", flow.name, target.key)
         return ctx.store.append(target, out, [txn], read_version=held.version, before_commit=before_commit)
-    assert before_commit is None, "a MERGE's source is validated before it"
     rules = flow.write.rules
-    if out.isEmpty():
-        return ctx.store.append(target, target.arrow_schema.empty_table(), [txn])
     on = rules.on(buckets)
     if (column := rules.appends_above) is not None:
         on = _from_least(on, column, _least(out, column, figures, least))
@@ -227,6 +226,7 @@ def write(
         insert=rules.insert,
         update_when=rules.update_when,
         txns=[txn],
+        before_commit=before_commit,
     )
 
 

@@ -207,8 +207,10 @@ class TableStore(ABC):
     #: How many app transactions one commit can record (None: any number).
     max_txns_per_commit: int | None = None
     #: Whether :meth:`append` can run a check after it has written a batch's files and before it
-    #: commits them (``before_commit``): delta-rs commits files Spark wrote, while Delta on Spark
-    #: commits inside the write, and its public API has no step between the two.
+    #: commits them, and :meth:`merge` one after it has read its source and before it changes the
+    #: table (``before_commit``): delta-rs commits files Spark wrote and merges a source Spark
+    #: staged, while Delta on Spark commits inside the write or the MERGE, and its public API has
+    #: no step between the two.
     checks_before_commit: bool = False
     #: Whether rows held in the driver (Arrow) are written there, with no Spark job (delta-rs).
     writes_in_driver: bool = False
@@ -273,6 +275,7 @@ class TableStore(ABC):
         insert: Mapping[str, str] | None = None,
         txns: Sequence[AppTxn] = (),
         update_when: str | None = None,
+        before_commit: Callable[[], None] | None = None,
     ) -> int:
         """MERGE ``source`` (alias ``s``) into the table (alias ``t``) on ``on``: SQL text or a
         Column, as Delta's API takes it (see :func:`predicate_sql`).
@@ -280,6 +283,10 @@ class TableStore(ABC):
         ``update`` maps target columns to SQL expressions for matched rows (``None``: update all
         columns from the source); ``insert`` likewise for unmatched rows (``None``: insert all).
         ``update_when`` updates only the matched rows where it holds (the others stay as they are).
+        A source with no rows records ``txns`` alone (an empty MERGE may not commit).
+        ``before_commit`` (only where :attr:`checks_before_commit`) runs once the source has been
+        read, before the MERGE changes anything: if it raises, nothing is committed (a quality
+        gate that counted the source as the MERGE read it, one pass instead of a cached one).
         """
 
     @abstractmethod

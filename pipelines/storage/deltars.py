@@ -229,16 +229,24 @@ class DeltaRsStore(TableStore):
         insert: Mapping[str, str] | None = None,
         txns: Sequence[AppTxn] = (),
         update_when: str | None = None,
+        before_commit: Callable[[], None] | None = None,
     ) -> int:
         on = predicate_sql(self.spark, on, spec.schema, source, standard=True)
         if isinstance(source, pa.Table):
+            if before_commit is not None:
+                before_commit()
+            if source.num_rows == 0:
+                return self._write_arrow(spec, spec.arrow_schema.empty_table(), txns, "append", None)
             return self._merge(spec, source, on, update, insert, txns, update_when)
         # The source (an aggregated batch) reaches delta-rs as a stream of Arrow batches staged
         # by Spark, so the driver holds one batch at a time, never the whole. A small source is
         # held whole instead: delta-rs then derives a pruning predicate from its values (which
         # buckets, which windows) and reads only the target files they can match, where a stream
-        # makes it read every file of the table.
+        # makes it read every file of the table. Spark has written the whole source once the
+        # stream opens: the check runs there, before the MERGE reads a batch of it.
         with self.stream(source) as reader:
+            if before_commit is not None:
+                before_commit()
             head: list[pa.RecordBatch] = []
             rows = 0
             for batch in reader:
@@ -247,6 +255,8 @@ class DeltaRsStore(TableStore):
                 if rows > SMALL_MERGE_SOURCE_ROWS:
                     rest = pa.RecordBatchReader.from_batches(reader.schema, itertools.chain(head, reader))
                     return self._merge(spec, rest, on, update, insert, txns, update_when)
+            if rows == 0:
+                return self._write_arrow(spec, spec.arrow_schema.empty_table(), txns, "append", None)
             whole = pa.Table.from_batches(head, schema=reader.schema)
             return self._merge(spec, whole, on, update, insert, txns, update_when)
 

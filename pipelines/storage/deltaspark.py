@@ -276,9 +276,13 @@ class DeltaSparkStore(TableStore):
         insert: Mapping[str, str] | None = None,
         txns: Sequence[AppTxn] = (),
         update_when: str | None = None,
+        before_commit: Callable[[], None] | None = None,
     ) -> int:
+        assert before_commit is None, "Delta on Spark commits inside its MERGE (checks_before_commit)"
         on = predicate_sql(self.spark, on, spec.schema, source)
         src = source if isinstance(source, DataFrame) else self.to_spark(source)
+        if src.isEmpty():  # an empty MERGE may not commit: the progress is recorded alone
+            return self.append(spec, spec.arrow_schema.empty_table(), txns)
         view = f"medallion_merge_source_{uuid4().hex}"
         matched = "WHEN MATCHED" + (f" AND ({update_when})" if update_when else "") + " THEN UPDATE SET "
         matched += "*" if update is None else ", ".join(f"t.{quote(c)} = {e}" for c, e in update.items())

@@ -2,8 +2,9 @@
 no drop): one pass over the batch counts the failing rows, and a row failing a ``fail`` check stops
 the write before its commit, on both engines. A check on a total (gold's partials: their sum against
 the tuples the same pass fanned out) is judged between the write's files and its commit on delta-rs,
-and from one cached pass on Delta on Spark, whose writes commit inside them. Expected results are
-written by hand from the three rows."""
+and from one cached pass on Delta on Spark, whose writes commit inside them. Gold's MERGE source is
+checked as delta-rs stages it for the MERGE, before the MERGE changes gold; Delta on Spark validates
+it from a cache first. Expected results are written by hand from the three rows."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from pipelines.runtime.flow_types import FlowRecord
 from pipelines.runtime.incremental import gated_write
 from pipelines.runtime.quality import ExpectationFailed, gate_in_write
 from pipelines.runtime.runner import Context
-from pipelines.runtime.tables import EXPORT_OUTBOX, GOLD_PARTIALS, SILVER_EVENTS
+from pipelines.runtime.tables import EXPORT_OUTBOX, GOLD_PARTIALS, GOLD_PROPERTY_VALUES, SILVER_EVENTS
 from pipelines.storage import AppTxn, open_store
 from tests.helpers import counting_reads
 
@@ -46,9 +47,14 @@ def context(spark: SparkSession, engine_settings: Callable[..., Settings], lake:
 
 
 def gated_append(
-    ctx: Context, record: RunRecord, rows: DataFrame, name: str = "silver.events", **params: object
+    ctx: Context,
+    record: RunRecord,
+    rows: DataFrame,
+    name: str = "silver.events",
+    least: object = None,
+    **params: object,
 ) -> int:
-    return gated_write(ctx, record, flow(name), rows, TXN, None, params, FlowRecord(record, lambda _: None))
+    return gated_write(ctx, record, flow(name), rows, TXN, None, params, FlowRecord(record, lambda _: None), least)
 
 
 def outcomes(record: RunRecord) -> dict[str, tuple[str, int, int]]:
@@ -156,6 +162,60 @@ def test_a_check_on_the_batch_s_sum_is_judged_before_the_commit_from_one_pass(
         assert sorted(r["count"] for r in ctx.store.read(GOLD_PARTIALS).collect()) == [1, 2, 3]
     assert calls.value == 3  # the batch read once: by the write, or by the pass that fills the gate's cache
     assert outcomes(record)["count_sum_equals_tuples"] == (outcome, 3, None)
+
+
+# -- gold's MERGE: its source checked as the MERGE reads it -----------------------------------------
+MERGE_PASSED_ON_3 = {
+    "team_id_not_null": ("passed", 3, 0),
+    "property_type_not_null": ("passed", 3, 0),
+    "property_key_not_null": ("passed", 3, 0),
+    "window_start_not_null": ("passed", 3, 0),
+    "property_type_known": ("passed", 3, 0),
+    "count_positive": ("passed", 3, 0),
+    "last_seen_not_before_first_seen": ("passed", 3, 0),
+}
+
+
+def gold_rows(spark: SparkSession, counts: list[int]) -> DataFrame:
+    return spark.createDataFrame(
+        [(1, 0, "event", "k", f"v{i}", T, n, T, T, T) for i, n in enumerate(counts)], GOLD_PROPERTY_VALUES.schema
+    )
+
+
+def gold_holding_v0(spark: SparkSession, ctx: Context) -> int:
+    """Gold holding (k, v0) in the window T, counted 5: a source in the same window is MERGEd."""
+    ctx.store.ensure(GOLD_PROPERTY_VALUES)
+    return ctx.store.append(GOLD_PROPERTY_VALUES, gold_rows(spark, [5]), [AppTxn("seed", 1)])
+
+
+def test_a_merge_source_is_checked_as_the_merge_reads_it(
+    spark: SparkSession, engine_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    ctx = context(spark, engine_settings, tmp_path / "lake")
+    gold_holding_v0(spark, ctx)
+    count, calls = counting_reads(spark, F.col("count"), "long")
+    record = RunRecord("gold.merge")
+    # The least window, as stage 2 has it from its partials' statistics (no pass to ask it).
+    gated_append(ctx, record, gold_rows(spark, [1, 2, 3]).withColumn("count", count), "gold.merge", least=T)
+    got = {r["property_value"]: r["count"] for r in ctx.store.read(GOLD_PROPERTY_VALUES).collect()}
+    assert got == {"v0": 6, "v1": 2, "v2": 3}
+    assert ctx.store.txn_version(GOLD_PROPERTY_VALUES, TXN.app_id) == 1
+    assert calls.value == 3  # read once: by the MERGE's staging, or by the pass that fills the gate's cache
+    assert outcomes(record) == MERGE_PASSED_ON_3
+
+
+def test_a_merge_source_row_failing_a_fail_check_leaves_gold_as_it_was(
+    spark: SparkSession, engine_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    ctx = context(spark, engine_settings, tmp_path / "lake")
+    before = gold_holding_v0(spark, ctx)
+    record = RunRecord("gold.merge")
+    with pytest.raises(ExpectationFailed, match=r"count_positive .* failed: 1 of 3 rows"):
+        gated_append(ctx, record, gold_rows(spark, [1, 0, 3]), "gold.merge", least=T)
+    assert ctx.store.version(GOLD_PROPERTY_VALUES) == before
+    assert [(r["property_value"], r["count"]) for r in ctx.store.read(GOLD_PROPERTY_VALUES).collect()] == [("v0", 5)]
+    assert ctx.store.txn_version(GOLD_PROPERTY_VALUES, TXN.app_id) is None
+    assert outcomes(record) == {**MERGE_PASSED_ON_3, "count_positive": ("failed", 3, 1)}
 
 
 # -- the export's gate, checked by its outbox write --------------------------------------------------
