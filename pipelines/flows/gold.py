@@ -96,11 +96,17 @@ def merged(batch: Batch, config: GoldConfig, record: FlowRecord) -> DataFrame:
     Stage 2 applies the team filter too, so partials counted before a team was filtered out are
     not merged while it is, and never later: a team added back resumes from what it had.
     Not cached: a source that no gold row can match is appended in one pass (the write counts
-    the partials it reads); the runner caches a source it MERGEs.
+    the partials it reads), and so is one MERGEd on delta-rs (its gate counts the source as it is
+    staged for the MERGE); Delta on Spark validates a MERGE's source from a cache.
+
+    The partials are gathered by bucket before they are summed: gold is written by bucket (one
+    writer task per bucket), and a sum over the rows of one bucket needs no exchange of its own,
+    so the query shuffles once, not twice (Spark drops the writer's gathering as done). The
+    partials were summed per batch by stage 1, so a sum before the shuffle saved little.
     """
     parts = counted_teams(config.teams, batch.rows, record, "filtered_teams.partial_rows")
     parts = record.observe(PARTIAL_ROWS, parts, rows=F.count(F.lit(1)))
-    return parts.transform(merge_source())
+    return parts.repartition("bucket").transform(merge_source())
 
 
 def merged_figures(out: DataFrame, config: GoldConfig, record: FlowRecord) -> None:
