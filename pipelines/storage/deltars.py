@@ -40,12 +40,12 @@ from pipelines.storage.base import (
     TableStore,
     TxnSnapshot,
     layout_bytes,
-    predicate_sql,
     windows_condition,
 )
 from pipelines.storage.bloom import bloom_writer_properties
 from pipelines.storage.file_stats import MayHold, from_time, in_windows, kept_actions, kept_files, rows_since
 from pipelines.storage.parquet_files import DataFile, scan
+from pipelines.storage.predicates import predicate_sql
 
 #: A MERGE source of at most this many rows is handed to delta-rs whole (a few MB in the driver),
 #: so that it prunes the target by the source's values; a larger one is streamed.

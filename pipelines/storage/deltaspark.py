@@ -41,7 +41,6 @@ from pipelines.storage.base import (
     TableStore,
     TxnSnapshot,
     layout_bytes,
-    predicate_sql,
 )
 from pipelines.storage.commit_progress import HistoryProgress, commit_metadata, sets
 from pipelines.storage.conform import clustered, conform_df
@@ -55,7 +54,8 @@ from pipelines.storage.delta_confs import (
     optimize_sql,
 )
 from pipelines.storage.delta_log import PathTxns, jvm_delta_log
-from pipelines.storage.spark_sql import column_ddl, is_delta_conflict, quote, sql_string
+from pipelines.storage.predicates import predicate_sql
+from pipelines.storage.spark_sql import column_ddl, is_delta_conflict, merge_sql, quote, sql_string
 
 #: Commits of history read for app transactions by name: more than any writer's span from its read
 #: to its commit (see :mod:`pipelines.storage.commit_progress`).
@@ -284,18 +284,10 @@ class DeltaSparkStore(TableStore):
         if src.isEmpty():  # an empty MERGE may not commit: the progress is recorded alone
             return self.append(spec, spec.arrow_schema.empty_table(), txns)
         view = f"medallion_merge_source_{uuid4().hex}"
-        matched = "WHEN MATCHED" + (f" AND ({update_when})" if update_when else "") + " THEN UPDATE SET "
-        matched += "*" if update is None else ", ".join(f"t.{quote(c)} = {e}" for c, e in update.items())
-        not_matched = "WHEN NOT MATCHED THEN INSERT "
-        not_matched += (
-            "*"
-            if insert is None
-            else "(" + ", ".join(quote(c) for c in insert) + ") VALUES (" + ", ".join(insert.values()) + ")"
-        )
         src.createOrReplaceTempView(view)
         try:
             with self._txn_confs(spec, one_txn(txns)), self._conflicts(f"merge into {spec.key}"):
-                self.spark.sql(f"MERGE INTO {self.ident(spec)} AS t USING {view} AS s ON {on} {matched} {not_matched}")
+                self.spark.sql(merge_sql(self.ident(spec), view, on, update, insert, update_when))
         finally:
             self.spark.catalog.dropTempView(view)
         return self._version(spec)
