@@ -37,6 +37,9 @@ def _passing(check: Check, table: pa.Table) -> pa.ChunkedArray | None:
     if e.kind == "ExpectColumnValuesToBeInSet":
         column = table[e.get("column")]
         return pc.or_(pc.is_null(column), pc.is_in(column, value_set=pa.array(list(e.get("value_set")))))
+    if e.kind == "ExpectColumnValuesToNotBeInSet":
+        column = table[e.get("column")]
+        return pc.or_(pc.is_null(column), pc.invert(pc.is_in(column, value_set=pa.array(list(e.get("value_set"))))))
     return None
 
 
@@ -109,6 +112,7 @@ _SUPPORTED: dict[str, Callable[[Expects], bool]] = {
     "ExpectColumnValuesToNotBeNull": lambda e: True,
     "ExpectColumnValuesToBeBetween": _not_strict,
     "ExpectColumnValuesToBeInSet": lambda e: True,
+    "ExpectColumnValuesToNotBeInSet": lambda e: True,
     "ExpectCompoundColumnsToBeUnique": lambda e: e.get("ignore_row_if") == "any_value_is_missing",
     "ExpectColumnValuesToBeUnique": lambda e: True,
 }

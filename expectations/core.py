@@ -62,7 +62,8 @@ class Check:
     passes: str | None = None  # SQL predicate true for a passing row; None for checks on the whole batch
     on: Literal["rows", "figures"] = "rows"  # the table's rows, or one row of figures from several tables
     # "table": only when validating whole tables, for checks a batch satisfies by construction
-    # (the output of a GROUP BY is unique on its keys) but a table can lose (a MERGE gone wrong).
+    # (the output of a GROUP BY is unique on its keys) but a table can lose (a MERGE gone wrong);
+    # "batch": only on the batches a gate checks, for a column the table it lands in does not hold.
     scope: Literal["batch", "table", "both"] = "both"
     #: For a check on a total of the batch: the SQL aggregate (its observed value) and the range it
     #: must lie in (inclusive; None: unbounded), computed with the row-level counts instead of by GX.
@@ -95,6 +96,10 @@ class Suite:
     def for_batches(self) -> Suite:
         """The checks a gate runs on each batch before it is written."""
         return Suite(self.table, tuple(c for c in self.checks if c.scope != "table"))
+
+    def for_tables(self) -> Suite:
+        """The checks ``medallion validate`` runs on the whole table (a batch's own are left out)."""
+        return Suite(self.table, tuple(c for c in self.checks if c.scope != "batch"))
 
     def with_policies(self, policies: Mapping[str, str]) -> Suite:
         """This suite with policies from settings: ``table`` sets every check, ``table:check`` one."""
@@ -179,6 +184,17 @@ def in_set(column: str, values: Sequence[Any], policy: Policy = "drop", name: st
         policy,
         f"{column} in {{{', '.join(map(str, values))}}}",
         f"{_q(column)} IS NULL OR {_q(column)} IN ({', '.join(_sql(v) for v in values)})",
+    )
+
+
+def not_in_set(column: str, values: Sequence[Any], policy: Policy = "drop", name: str | None = None) -> Check:
+    """``column`` is none of ``values``; nulls pass, as in GX."""
+    return Check(
+        name or f"{column}_allowed",
+        expects("ExpectColumnValuesToNotBeInSet", column=column, value_set=list(values)),
+        policy,
+        f"{column} not in {{{', '.join(map(str, values))}}}",
+        f"{_q(column)} IS NULL OR {_q(column)} NOT IN ({', '.join(_sql(v) for v in values)})",
     )
 
 

@@ -62,12 +62,19 @@ def window_closed(width: timedelta, after: datetime | None, through: datetime | 
     return cond
 
 
+#: The change types of gold's change feed that say a tuple's count in a window changed: a row
+#: gained (a first count), changed (a late count) or lost (a backfill's new rules no longer count
+#: the tuple there).
+CHANGED = ("insert", "update_postimage", "delete")
+
+
 def changed_keys(width: timedelta, through: datetime | None) -> Callable[[DataFrame], DataFrame]:
-    """Change-feed rows of gold -> the tuples and windows (EXPORT_KEY) that gained or changed a
-    row in a window ending by ``through`` (every window with None): the ones a late count changed."""
+    """Change-feed rows of gold -> the tuples and windows (EXPORT_KEY) that gained, changed or lost
+    a row in a window ending by ``through`` (every window with None): the ones a late count or a
+    backfill changed."""
 
     def transform(changes: DataFrame) -> DataFrame:
-        images = changes.where(F.col("_change_type").isin("insert", "update_postimage"))
+        images = changes.where(F.col("_change_type").isin(*CHANGED))
         return images.where(window_closed(width, None, through)).select(*EXPORT_KEY).distinct()
 
     return transform
@@ -83,10 +90,16 @@ def per_tuple_window() -> Callable[[DataFrame], DataFrame]:
     return transform
 
 
-def differences(exported: DataFrame, min_count: int, top_values: int | None = None) -> Callable[[DataFrame], DataFrame]:
+def differences(
+    exported: DataFrame, min_count: int, top_values: int | None = None, gone: DataFrame | None = None
+) -> Callable[[DataFrame], DataFrame]:
     """Gold rows of closed windows -> rows to send: the count not exported yet, minus gated ones
     and, with ``top_values``, minus the values past the first N of their key and window; with
     ``_gated`` and ``_dropped`` flags kept for metrics.
+
+    ``gone``: tuples and windows (EXPORT_KEY) the rows may no longer hold (a backfill removed them
+    from gold). One that was exported and is not among the rows is sent as its exported count
+    taken back (a ``total`` of 0), so ClickHouse's sum comes to 0 where gold holds nothing.
 
     Top values: per ``(team, type, key)`` and window at most ``top_values`` values are ever sent.
     A value already sent keeps getting its corrections (so ClickHouse still sums to gold for what
@@ -95,9 +108,11 @@ def differences(exported: DataFrame, min_count: int, top_values: int | None = No
     """
 
     def transform(rows: DataFrame) -> DataFrame:
-        joined = rows.select(*EXPORT_KEY, F.col("count").alias("total")).join(
-            exported.select(*EXPORT_KEY, "exported_count"), list(EXPORT_KEY), "left"
-        )
+        totals = rows.select(*EXPORT_KEY, F.col("count").alias("total"))
+        if gone is not None:
+            lost = exported.join(gone, list(EXPORT_KEY), "left_semi").join(totals, list(EXPORT_KEY), "left_anti")
+            totals = totals.unionByName(lost.select(*EXPORT_KEY, F.lit(0).cast("long").alias("total")))
+        joined = totals.join(exported.select(*EXPORT_KEY, "exported_count"), list(EXPORT_KEY), "left")
         before = F.coalesce(F.col("exported_count"), F.lit(0))
         gated = F.col("exported_count").isNull() & (F.col("total") < F.lit(min_count))
         out = joined.select(
@@ -136,7 +151,9 @@ def export_batch(
 
     def transform(gold: DataFrame) -> DataFrame:
         closed = gold.where(window_closed(width, None, closed_before))
-        return closed.transform(per_tuple_window()).transform(differences(exported, min_count, top_values))
+        # Every tuple ClickHouse was sent may have left gold (a backfill): its count is taken back.
+        sent = exported.where(window_closed(width, None, closed_before)).select(*EXPORT_KEY)
+        return closed.transform(per_tuple_window()).transform(differences(exported, min_count, top_values, sent))
 
     return transform
 
@@ -198,7 +215,7 @@ def change_bounds(changes: DataFrame, width: timedelta, prev: ExportProgress) ->
     """Gold's change feed since ``prev`` -> (the newest event time counted, as
     :func:`newest_event`; the window starts of the keys :func:`changed_keys` finds late), in one
     aggregation: one row, and a list bounded by the time the late data spans, not by its rows."""
-    late = F.col("_change_type").isin("insert", "update_postimage") & window_closed(width, None, prev.closed_through)
+    late = F.col("_change_type").isin(*CHANGED) & window_closed(width, None, prev.closed_through)
     found = changes.agg(F.max("max_event_time"), F.collect_set(F.when(late, F.col(WINDOW_START)))).first()
     newest, windows = (found[0], found[1]) if found else (None, [])
     return _later(prev.newest_event, newest), sorted(windows)
@@ -216,7 +233,7 @@ def held_change_bounds(
     themselves (:func:`changed_keys`, EXPORT_KEY, one row each), computed in the driver: for a
     feed small enough to hold, where the frame functions would each be a Spark job."""
     through = pa.scalar(as_stored(prev.closed_through - width), pa.timestamp("us", "UTC"))
-    images = pc.is_in(changes["_change_type"], pa.array(["insert", "update_postimage"]))
+    images = pc.is_in(changes["_change_type"], pa.array(CHANGED))
     stamps = changes[WINDOW_START].cast(pa.timestamp("us", "UTC"))
     late = changes.filter(pc.and_kleene(images, pc.less_equal(stamps, through)))
     keys = (
@@ -262,7 +279,8 @@ def incremental_batch(
 ) -> Callable[[DataFrame], DataFrame]:
     """All of gold -> rows to send after an earlier batch: windows closed since (ending after
     ``after``) and the ``late`` keys (:func:`changed_keys`, in ``late_windows``) of windows closed
-    before, each summed over buckets and set against ``exported`` (what was exported of them)."""
+    before, each summed over buckets and set against ``exported`` (what was exported of them): a
+    late key gold no longer holds (a backfill removed it) has its exported count taken back."""
 
     def transform(gold: DataFrame) -> DataFrame:
         # No window closed since the last batch (the watermark has not passed a window's end):
@@ -274,7 +292,8 @@ def incremental_batch(
             # can skip by), then only the changed tuples of those windows are kept.
             again = gold.where(F.col(WINDOW_START).isin(list(late_windows))).join(late, list(EXPORT_KEY), "left_semi")
             fresh = again if none_closed else fresh.unionByName(again)
-        return fresh.transform(per_tuple_window()).transform(differences(exported, min_count, top_values))
+        gone = late if late_windows and late is not None else None
+        return fresh.transform(per_tuple_window()).transform(differences(exported, min_count, top_values, gone))
 
     return transform
 

@@ -311,7 +311,7 @@ def validate_tables(
         df, figures, params, note = loaded
         df = df.persist()
         try:
-            validation = validate(df, suite_for(ctx, table, **params), figures)
+            validation = validate(df, suite_for(ctx, table, **params).for_tables(), figures)
         finally:
             df.unpersist()
         record_results(record, validation)

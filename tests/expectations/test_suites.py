@@ -123,7 +123,7 @@ def test_clickhouse_figures_must_match_what_was_exported(spark: SparkSession) ->
     figures = spark.createDataFrame(
         [(4, 3, 1, 1)], "clickhouse_count_sum long, exported_count_sum long, clickhouse_rows long, exported_rows long"
     )
-    assert not_passed(validate(rows, clickhouse_export(), figures).results) == {
+    assert not_passed(validate(rows, clickhouse_export().for_tables(), figures).results) == {
         "clickhouse_equals_exported": ("failed", 1)
     }
 

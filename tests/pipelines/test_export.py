@@ -167,6 +167,33 @@ def test_late_counts_after_export_go_out_as_a_correction_row(spark: SparkSession
     assert record.status == "noop"
 
 
+def nonzero(sums: dict[tuple, int]) -> dict[tuple, int]:
+    """ClickHouse's sums less the tuples taken back to 0 (a SummingMergeTree drops them when it merges)."""
+    return {k: v for k, v in sums.items() if v}
+
+
+def test_tuples_that_leave_gold_after_export_are_taken_back_from_clickhouse(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A backfill may remove a tuple from windows already exported: the next batch sends its count
+    taken back, so ClickHouse's sum is 0 for it, and equals gold for the rest."""
+    ctx = make_ctx(spark, tmp_path / "lake")
+    pipeline(ctx, [write(tmp_path / "a.jsonl", STREAM)])
+    before, before_raw = clickhouse_state(ctx)
+    # The "plan" tuples of the first two windows (00:00:00, 00:00:30) leave gold: 10 events each.
+    ctx.store.delete(GOLD_PROPERTY_VALUES, "property_key = 'plan' AND window_start < '2024-06-01 00:01:00'")
+    passes.export_property_values(ctx, drain=True)
+    sums, raw = clickhouse_state(ctx)
+    gone = {k for k in before if k[2] == "plan" and k[-1] % 3600 < 60}
+    assert len(gone) == 2 and all(before[k] == 10 for k in gone)
+    assert {k: sums[k] for k in gone} == dict.fromkeys(gone, 0)
+    assert nonzero(sums) == gold_state(ctx) == {k: v for k, v in before.items() if k not in gone}
+    assert raw == before_raw + 2  # one row each, carrying -10
+    log = ctx.store.read(PIPELINE_EVENTS).where("job = 'export.clickhouse' AND status = 'ok'").orderBy("started_at")
+    last = log.collect()[-1]["metrics"]
+    assert (last["late_corrections"], last["count_sum"]) == (2.0, -20.0)
+
+
 def test_singleton_gate_holds_back_counts_below_it(spark: SparkSession, tmp_path: Path) -> None:
     ctx = make_ctx(spark, tmp_path / "lake", min_export_count=2)
     events = [event(i, second=1, props={"k": f"v{i % 3}", "rare": f"r{i}"}) for i in range(6)]
