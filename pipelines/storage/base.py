@@ -227,6 +227,18 @@ class TableStore(ABC):
         """
 
     @abstractmethod
+    def replace(
+        self, spec: TableSpec, data: Data, where: str, txns: Sequence[AppTxn] = (), read_version: int | None = None
+    ) -> int:
+        """Replace the rows where ``where`` holds (SQL over the table's columns) with ``data``, whose
+        rows all satisfy it, in one commit that records ``txns``; the change feed shows each row
+        removed (``delete``) and added (``insert``). The new version.
+
+        With ``read_version`` the commit is checked as :meth:`append`'s is: if a writer recorded one
+        of ``txns``' app ids since, it fails with :class:`CommitConflictError`. A txn after the first
+        may be another writer's, recorded again at the version read (a guard, not progress)."""
+
+    @abstractmethod
     def delete(self, spec: TableSpec, predicate: Predicate, txns: Sequence[AppTxn] = ()) -> int:
         """Delete the rows where ``predicate`` holds (SQL text or a Column over the table's columns)."""
 
@@ -234,6 +246,17 @@ class TableStore(ABC):
     @abstractmethod
     def read(self, spec: TableSpec, where: str | None = None) -> DataFrame:
         """The current rows as a Spark DataFrame (``where``: an SQL predicate over the table)."""
+
+    @abstractmethod
+    def read_at(self, spec: TableSpec, version: int) -> DataFrame:
+        """The rows as of ``version`` (time travel); :class:`StorageError` where that version's files
+        are gone (vacuumed) or its log is."""
+
+    def least(self, spec: TableSpec, column: str) -> Any:
+        """The least ``column`` the table holds (None: no rows); one value, from the files'
+        statistics where the engine has them."""
+        found = self.read(spec).agg(F.min(column)).first()
+        return found[0] if found else None
 
     def read_since(self, spec: TableSpec, column: str, since: datetime) -> DataFrame:
         """The current rows whose ``column`` is ``since`` or later, read from only the files whose

@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
@@ -29,7 +30,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from pipelines.errors import CommitConflictError, StorageError
-from pipelines.storage import deltars_changes
+from pipelines.storage import deltars_changes, deltars_stats
 from pipelines.storage.base import (
     AppTxn,
     Data,
@@ -293,6 +294,29 @@ class DeltaRsStore(TableStore):
             raise CommitConflictError(f"merge into {spec.key} conflicted: {exc}") from exc
         return self._table(spec).version()
 
+    def replace(
+        self, spec: TableSpec, data: Data, where: str, txns: Sequence[AppTxn] = (), read_version: int | None = None
+    ) -> int:
+        """delta-rs's overwrite with a predicate: it rewrites only the files that hold rows where
+        ``where`` holds (their statistics say which), and writes the change feed of both sides.
+        A frame's rows reach it as a stream of Arrow batches staged by Spark."""
+        target = self._table(spec, read_version)
+        rows = nullcontext(self.to_arrow(spec, data)) if isinstance(data, pa.Table) else self.stream(data)
+        try:
+            with rows as source:
+                write_deltalake(
+                    target,
+                    source,
+                    mode="overwrite",
+                    predicate=where,
+                    partition_by=list(spec.partition_by) or None,
+                    storage_options=self.storage_options or None,
+                    commit_properties=_commit_properties(txns, "replace"),
+                )
+        except CommitFailedError as exc:
+            raise CommitConflictError(f"replace in {spec.key} conflicted: {exc}") from exc
+        return target.version()
+
     def delete(self, spec: TableSpec, predicate: Predicate, txns: Sequence[AppTxn] = ()) -> int:
         predicate = predicate_sql(self.spark, predicate, spec.schema, standard=True)
         dt = self._table(spec)
@@ -317,6 +341,17 @@ class DeltaRsStore(TableStore):
         dt = self._readable(spec, self._table(spec))
         df = scan(self.spark, spec.schema, self.path(spec), dt.file_uris())
         return df.where(where) if where else df
+
+    def read_at(self, spec: TableSpec, version: int) -> DataFrame:
+        dt = self._readable(spec, self._table(spec, version))
+        uris = dt.file_uris()
+        if not self.files.all_exist(uris):
+            raise StorageError(f"version {version} of {spec.key} is no longer readable: its files were vacuumed")
+        return scan(self.spark, spec.schema, self.path(spec), uris)
+
+    def least(self, spec: TableSpec, column: str) -> Any:
+        known, value = deltars_stats.least(self._table(spec), column)
+        return value if known else super().least(spec, column)
 
     def read_since(self, spec: TableSpec, column: str, since: datetime) -> DataFrame:
         return self._pruned(spec, column, from_time(since)).where(F.col(column) >= F.lit(since))
@@ -386,51 +421,14 @@ class DeltaRsStore(TableStore):
         return TxnSnapshot(dt.version(), {a: dt.transaction_version(a) for a in app_ids})
 
     def greatest(self, spec: TableSpec, column: str, buckets: Sequence[int] | None = None) -> Greatest | None:
-        """From the add actions' statistics (the log, no file opened). A timestamp's statistics
-        keep milliseconds, so its bound is the statistic plus 1 ms. None when a file that may hold
-        rows (its row count unknown included) has no statistic for ``column``."""
         if not self.exists(spec):
             return Greatest(None)
-        dt = self._table(spec)
-        version = dt.version()
-        actions = pa.table(dt.get_add_actions(flatten=True))
-        if actions.num_rows == 0:
-            return Greatest(None, version)
-        name = f"max.{column}"
-        if buckets and "bucket" in spec.partition_by:
-            if "partition.bucket" not in actions.column_names:
-                return None
-            wanted = pa.array(sorted({str(int(b)) for b in buckets}), pa.string())
-            actions = actions.filter(pc.is_in(actions.column("partition.bucket").cast(pa.string()), wanted))
-        if "num_records" in actions.column_names:  # a file whose count is unknown may hold rows
-            rows = actions.column("num_records")
-            actions = actions.filter(pc.or_kleene(pc.is_null(rows), pc.greater(rows, 0)))
-        if actions.num_rows == 0:
-            return Greatest(None, version)
-        if name not in actions.column_names or actions.column(name).null_count:
-            return None
-        value = pc.max(actions.column(name)).as_py()
-        if isinstance(value, datetime):
-            value += timedelta(milliseconds=1)
-        return Greatest(value, version)
+        return deltars_stats.greatest(self._table(spec), spec, column, buckets)
 
     def stats(self, spec: TableSpec) -> TableStats:
         if not self.exists(spec):
             return TableStats(spec.key, None, 0, 0, None, None)
-        dt = self._table(spec)
-        actions_t = pa.table(dt.get_add_actions(flatten=True))
-        rows = actions_t.column("num_records").to_pylist() if "num_records" in actions_t.column_names else []
-        last = dt.history(1)
-        ts = datetime.fromtimestamp(last[0]["timestamp"] / 1000, tz=UTC) if last else None
-        return TableStats(
-            spec.key,
-            dt.version(),
-            sum(r or 0 for r in rows),
-            actions_t.num_rows,
-            ts,
-            last[0].get("operation") if last else None,
-            sum(actions_t.column("size_bytes").to_pylist()) if "size_bytes" in actions_t.column_names else 0,
-        )
+        return deltars_stats.table_stats(self._table(spec), spec)
 
     # -- maintenance -------------------------------------------------------------------------
     def optimize(self, spec: TableSpec) -> dict[str, Any]:

@@ -42,7 +42,6 @@ from pipelines.storage.base import (
     TxnSnapshot,
     layout_bytes,
 )
-from pipelines.storage.commit_progress import HistoryProgress, commit_metadata, sets
 from pipelines.storage.conform import clustered, conform_df
 from pipelines.storage.delta_confs import (
     TXN_APP_CONF,
@@ -53,13 +52,11 @@ from pipelines.storage.delta_confs import (
     one_txn,
     optimize_sql,
 )
-from pipelines.storage.delta_log import PathTxns, jvm_delta_log
+from pipelines.storage.delta_log import jvm_delta_log
+from pipelines.storage.deltaspark_txns import SparkTxns
 from pipelines.storage.predicates import predicate_sql
 from pipelines.storage.spark_sql import column_ddl, is_delta_conflict, merge_sql, quote, sql_string
 
-#: Commits of history read for app transactions by name: more than any writer's span from its read
-#: to its commit (see :mod:`pipelines.storage.commit_progress`).
-HISTORY_WINDOW = 200
 #: How long ensure() waits for a table another task is creating to show its first version.
 ENSURE_WAIT_S = 30.0
 
@@ -92,10 +89,6 @@ class DeltaSparkStore(TableStore):
             )
         for key, value in WRITE_CONFS.items():
             spark.conf.set(key, value)
-        #: By path: each version's app transactions, from the JVM's snapshot or the log's files.
-        self._by_path_txns = PathTxns(spark)
-        #: By name: each version's progress, as its newest commits record it.
-        self._by_name = HistoryProgress(self._history_commits, self.location, HISTORY_WINDOW)
         self.catalog, self.schema = catalog, schema
         #: Managed: the catalog creates and keeps the tables' files (no LOCATION, nothing under
         #: lake_root); external: the files are at <lake_root>/<layer>/<name>, named in the catalog.
@@ -105,6 +98,9 @@ class DeltaSparkStore(TableStore):
         # Tables by name are read through the catalog only: Unity Catalog's managed tables keep
         # their commits where a listing of _delta_log can miss them (catalog-managed commits).
         self._delta_log = jvm_delta_log(spark) if catalog is None else None
+        self.txns = SparkTxns(
+            spark, catalog is not None, self.ident, self.location, self.version, self._history, lambda: self._delta_log
+        )
 
     # -- naming -----------------------------------------------------------------------------
     def name(self, spec: TableSpec) -> str | None:
@@ -159,15 +155,10 @@ class DeltaSparkStore(TableStore):
                 {
                     TXN_APP_CONF: txn.app_id,
                     TXN_VERSION_CONF: str(txn.version),
-                    USER_METADATA_CONF: self._metadata(spec, txn),
+                    USER_METADATA_CONF: self.txns.metadata(spec, txn),
                 }
             )
         return session_confs(self.spark, confs)
-
-    def _metadata(self, spec: TableSpec, txn: AppTxn) -> str:
-        """The commit info that records ``txn``: by name, with the progress carried forward."""
-        carried = self._by_name.newest(spec, lambda: self.version(spec)) if self.catalog is not None else {}
-        return commit_metadata(txn.app_id, txn.version, txn.once, carried)
 
     @contextmanager
     def _conflicts(self, what: str) -> Iterator[None]:
@@ -255,7 +246,7 @@ class DeltaSparkStore(TableStore):
             writer = writer.option("maxRecordsPerFile", spec.file_rows)
         if txn is not None:
             writer = writer.option("txnAppId", txn.app_id).option("txnVersion", txn.version)
-            writer = writer.option("userMetadata", self._metadata(spec, txn))
+            writer = writer.option("userMetadata", self.txns.metadata(spec, txn))
         with session_confs(self.spark, layout_confs(spec)), self._conflicts(f"{mode} of {spec.key}"):
             self._save(spec, writer)
         return self._version(spec)
@@ -292,6 +283,30 @@ class DeltaSparkStore(TableStore):
             self.spark.catalog.dropTempView(view)
         return self._version(spec)
 
+    def replace(
+        self, spec: TableSpec, data: Data, where: str, txns: Sequence[AppTxn] = (), read_version: int | None = None
+    ) -> int:
+        """Delta's ``replaceWhere``, recording the first of ``txns``. Delta on Spark records one app
+        transaction per commit, so the others (guards) are checked, not recorded: read just before
+        the write and again after it, a guard another writer moved since ``read_version`` fails the
+        replace (after its commit, if it moved during the write: the caller's retry replaces again)."""
+        mine, guards = (txns[0], list(txns[1:])) if txns else (None, [])
+        self._hold(spec, guards, read_version)
+        writer = self._df(spec, data).write.format("delta").mode("overwrite").option("replaceWhere", where)
+        if mine is not None:
+            writer = writer.option("txnAppId", mine.app_id).option("txnVersion", mine.version)
+            writer = writer.option("userMetadata", self.txns.metadata(spec, mine))
+        with session_confs(self.spark, layout_confs(spec)), self._conflicts(f"replace in {spec.key}"):
+            self._save(spec, writer)
+        self._hold(spec, guards, read_version)
+        return self._version(spec)
+
+    def _hold(self, spec: TableSpec, guards: Sequence[AppTxn], since: int | None) -> None:
+        """:class:`CommitConflictError` if a guard's app id is not at its version any more."""
+        moved = [g.app_id for g in guards if self.txn_version(spec, g.app_id) != g.version]
+        if moved:
+            raise CommitConflictError(f"{', '.join(moved)} recorded progress in {spec.key} since version {since}")
+
     def delete(self, spec: TableSpec, predicate: Predicate, txns: Sequence[AppTxn] = ()) -> int:
         predicate = predicate_sql(self.spark, predicate, spec.schema)
         with self._txn_confs(spec, one_txn(txns)), self._conflicts(f"delete from {spec.key}"):
@@ -305,6 +320,14 @@ class DeltaSparkStore(TableStore):
         else:
             df = self.spark.table(self.ident(spec))
         return df.where(where) if where else df
+
+    def read_at(self, spec: TableSpec, version: int) -> DataFrame:
+        pinned = self.spark.sql(f"SELECT * FROM {self.ident(spec)} VERSION AS OF {int(version)}")
+        try:
+            pinned.schema  # noqa: B018  (resolves the version: a vacuumed one fails here, not in a job)
+        except AnalysisException as exc:
+            raise StorageError(f"version {version} of {spec.key} is no longer readable: {exc}") from exc
+        return pinned
 
     def read_since(self, spec: TableSpec, column: str, since: datetime) -> DataFrame:
         version = self._version(spec)
@@ -366,34 +389,13 @@ class DeltaSparkStore(TableStore):
         version = self.version(spec)
         if version is None:
             raise StorageError(f"table {spec.key} does not exist")
-        return TxnSnapshot(version, self._txns_at(spec, version, app_ids))
+        return TxnSnapshot(version, self.txns.at(spec, version, app_ids))
 
     def txn_versions(self, spec: TableSpec, app_ids: Sequence[str]) -> dict[str, int | None]:
         version = self.version(spec)
         if version is None:
             return dict.fromkeys(app_ids)
-        return self._txns_at(spec, version, app_ids)
-
-    def _txns_at(self, spec: TableSpec, version: int, app_ids: Sequence[str]) -> dict[str, int | None]:
-        if self.catalog is None:
-            return self._by_path_txns.at(self.location(spec), version, app_ids, self._delta_log)
-        progress = self._by_name.at(spec, version)
-        return {a: progress[a].version if a in progress else None for a in app_ids}
-
-    def _history_commits(self, spec: TableSpec, limit: int, version: int) -> list[tuple[int, str | None]]:
-        """(version, userMetadata) of the newest ``limit`` commits up to ``version``, by name.
-        ``DESCRIBE HISTORY`` starts at the newest commit: commits that landed after ``version``
-        are read past, so the window still holds ``limit`` commits up to it."""
-        newer = 0
-        while True:
-            history = self._history(self.ident(spec), limit + newer).select("version", "userMetadata")
-            # Commit metadata, one row per commit, at most ``limit`` plus the commits since
-            # ``version``: bookkeeping, not row data.
-            rows = [(int(r["version"]), r["userMetadata"]) for r in history.collect()]
-            since = sum(1 for v, _ in rows if v > version)
-            if since <= newer or len(rows) < limit + newer:  # the window is whole, or history ends
-                return [(v, m) for v, m in rows if v <= version][:limit]
-            newer = since
+        return self.txns.at(spec, version, app_ids)
 
     def streams_commit_files(self, spec: TableSpec) -> bool:
         return self.name(spec) is None  # by name, never through the log by path
@@ -408,12 +410,7 @@ class DeltaSparkStore(TableStore):
     def commit_of(self, spec: TableSpec, txn: AppTxn) -> int:
         if self.name(spec) is None:
             return super().commit_of(spec, txn)
-        # By name, from the commit info that recorded it (the newest commits: a retry's).
-        for version, metadata in self._history_commits(spec, HISTORY_WINDOW, self._version(spec)):
-            if sets(metadata, txn.app_id, txn.version):
-                return version
-        window = f"in its last {HISTORY_WINDOW}"
-        raise StorageError(f"no commit of {spec.key} {window} records {txn.app_id} at {txn.version}")
+        return self.txns.commit_of(spec, txn, self._version(spec))
 
     def stats(self, spec: TableSpec) -> TableStats:
         last = self._last_commit_of(self.ident(spec))  # Delta reads only the newest commit file

@@ -92,6 +92,11 @@ class TableFiles:
     def _fs_path(self, uri: str) -> str:
         return pafs.FileSystem.from_uri(uri)[1] if "://" in uri else uri
 
+    def all_exist(self, uris: Iterable[str]) -> bool:
+        """Whether every file of ``uris`` is still there (one listing of their metadata)."""
+        paths = [self._fs_path(u) for u in uris]
+        return all(i.type != pafs.FileType.NotFound for i in self.fs.get_file_info(paths)) if paths else True
+
     # -- writes -------------------------------------------------------------------------------
     def write(
         self,

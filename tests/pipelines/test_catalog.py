@@ -122,8 +122,8 @@ def test_the_history_window_ends_at_the_version_asked_even_with_commits_after_it
     for i in range(1, 6):  # versions 1..5, each recording job at i
         store.append(SPEC, rows(spark, [(f"k{i}", 1, i, T0)]), txns=[AppTxn("job", i)])
     # Asked for the 2 commits up to version 3 while 4 and 5 are newer: 3 and 2, not 3 alone.
-    assert [v for v, _ in store._history_commits(SPEC, 2, 3)] == [3, 2]
-    assert [v for v, _ in store._history_commits(SPEC, 10, 3)] == [3, 2, 1, 0]  # history ends
+    assert [v for v, _ in store.txns.history_commits(SPEC, 2, 3)] == [3, 2]
+    assert [v for v, _ in store.txns.history_commits(SPEC, 10, 3)] == [3, 2, 1, 0]  # history ends
 
 
 def test_catalog_names_need_both_parts_and_the_delta_spark_engine(tmp_path: Path) -> None:

@@ -65,4 +65,4 @@ def test_app_transactions_from_the_jvm_are_those_the_log_reads_give_across_check
     assert jvm._delta_log.txn_versions_at(jvm.location(spec), versions[4], list(then)) is None
     fresh = open_store(settings, delta_spark)
     assert isinstance(fresh, DeltaSparkStore)
-    assert fresh._txns_at(spec, versions[4], list(then)) == then
+    assert fresh.txns.at(spec, versions[4], list(then)) == then
