@@ -186,7 +186,9 @@ def progress_in(rows: pa.RecordBatch | None) -> ExportProgress | None:
     as :func:`progress_of` gives it: times as Spark collects them, naive in the local time zone."""
     if rows is None or not rows.num_rows or not rows["gold_version"][0].is_valid:
         return None
-    newest, through = (as_collected(rows[c][0].as_py()) for c in ("newest_event", "closed_through"))
+    # As microseconds: a file Spark wrote with INT96 timestamps reads back in nanoseconds.
+    first = {c: rows[c].cast(pa.timestamp("us", "UTC"))[0].as_py() for c in ("newest_event", "closed_through")}
+    newest, through = as_collected(first["newest_event"]), as_collected(first["closed_through"])
     return ExportProgress(int(rows["gold_version"][0].as_py()), newest, through)
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from gold.backfill import counted_by_stages
 from gold.property_values import (
     COUNTED,
     MERGE_UPDATE,
@@ -42,6 +45,15 @@ def gold_config(settings: Settings) -> GoldConfig:
     return GoldConfig(
         fanout_rules(settings), team_filter(settings), settings.gold.window, settings.bronze.number_notation
     )
+
+
+def counting_rules(config: GoldConfig) -> dict[str, Any]:
+    """The settings gold's counts depend on, as its event-log rows record them (stage 1's and a
+    backfill's): what ``medallion backfill`` compares to say which rules changed."""
+    rules = {f"rules.{k}": v for k, v in asdict(config.rules).items()}
+    rules |= {f"teams.{k}": v for k, v in asdict(config.teams).items()}
+    rules |= {"window": str(config.window), "number_notation": config.notation}
+    return {k: list(v) if isinstance(v, tuple | list) else v for k, v in rules.items()}
 
 
 def counted_teams(teams: TeamFilter, rows: DataFrame, record: FlowRecord, metric: str) -> DataFrame:
@@ -86,6 +98,7 @@ def partials_figures(out: DataFrame, config: GoldConfig, record: FlowRecord) -> 
     record.rows(rows_in=n_events, rows_out=n_out)
     skipped = {f"skipped.{r}": int(tuples[r]) for r in SKIP_REASONS if tuples.get(r)}
     record.add(input_events=n_events, tuples=counted, partial_rows=n_out, **skipped)
+    record.describe(json.dumps({"rules": counting_rules(config)}))
     record.say(f"gold stage 1: {n_events:,} events -> {counted:,} tuples -> {n_out:,} partial rows")
 
 
@@ -104,7 +117,8 @@ def merged(batch: Batch, config: GoldConfig, record: FlowRecord) -> DataFrame:
     so the query shuffles once, not twice (Spark drops the writer's gathering as done). The
     partials were summed per batch by stage 1, so a sum before the shuffle saved little.
     """
-    parts = counted_teams(config.teams, batch.rows, record, "filtered_teams.partial_rows")
+    # A backfill's partials are in gold already: it wrote their sums itself.
+    parts = counted_teams(config.teams, batch.rows.transform(counted_by_stages), record, "filtered_teams.partial_rows")
     parts = record.observe(PARTIAL_ROWS, parts, rows=F.count(F.lit(1)))
     return parts.repartition("bucket").transform(merge_source())
 

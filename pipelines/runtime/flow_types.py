@@ -259,6 +259,10 @@ class FlowRecord:
         """Nothing to write this run, and why (the transform then returns None)."""
         self._record.noop(why)
 
+    def describe(self, details: str) -> None:
+        """What the run's event-log row says of it besides its figures (``details``)."""
+        self._record.details = details
+
     def figure(self, name: str) -> float:
         """A figure recorded so far this run (0 when there is none)."""
         return float(self._record.metrics.get(name, 0))

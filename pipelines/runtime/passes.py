@@ -75,7 +75,7 @@ def gold_merge(ctx: Context, buckets: Sequence[int] | None = None) -> RunRecord:
 
 
 def gold_property_values(ctx: Context, buckets: Sequence[int] | None = None) -> tuple[RunRecord, RunRecord]:
-    """Stage 1 then stage 2 in one pass, stage 2 merging stage 1's partials from memory."""
+    """Stage 1 then stage 2 in one pass (stage 2 reads back the partials stage 1 committed)."""
     first, second = run_pass(ctx, [flow(flow_names.GOLD_PARTIALS), flow(flow_names.GOLD_MERGE)], buckets)
     return first, second
 

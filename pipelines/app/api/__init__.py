@@ -6,6 +6,7 @@
 
     lake = medallion.open(lake_root="/tmp/medallion-lake")  # engine="delta-spark", spark=... too
     lake.run("all")                                          # a stage, one flow, or all
+    lake.backfill("gold", start, end)                        # a window range recounted
     lake.table("gold/property_values").orderBy("count", ascending=False).show()
     lake.validate(), lake.status()
 
@@ -27,6 +28,8 @@ from pipelines.runtime import passes
 from pipelines.runtime.flow_types import Flow
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from pyspark.sql import DataFrame, SparkSession
 
     from pipelines.config.settings import Settings
@@ -63,6 +66,15 @@ class Pipeline:
         from pipelines.runtime.ingest import ingest_files
 
         return ingest_files(self.context, kind, [Path(p) for p in paths])
+
+    def backfill(self, layer: str, start: datetime, end: datetime) -> RunRecord:
+        """Count the windows that start in [``start``, ``end``) again under the settings in force,
+        as ``medallion backfill LAYER --from --to`` (``gold``); the backfill's event-log record."""
+        from pipelines.runtime.backfill import backfill_gold
+
+        if layer != "gold":
+            raise ValueError(f"backfill {layer!r}: only 'gold' is backfilled")
+        return backfill_gold(self.context, start, end)
 
     def table(self, name: str) -> DataFrame:
         """A table of the lake (``silver/events``) as a DataFrame at its latest version."""

@@ -1,5 +1,6 @@
 """The ``medallion`` command line: the group and its options in :mod:`~pipelines.app.cli.base`, the
-commands by what they do (:mod:`~pipelines.app.cli.pipeline`, :mod:`~pipelines.app.cli.inspect`,
+commands by what they do (:mod:`~pipelines.app.cli.pipeline`, :mod:`~pipelines.app.cli.backfill`,
+:mod:`~pipelines.app.cli.inspect`,
 :mod:`~pipelines.app.cli.tools`, :mod:`~pipelines.app.cli.sql`) and how results look in
 :mod:`~pipelines.app.cli.render`."""
 
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 
 import click
 
-from pipelines.app.cli import inspect, pipeline, sql, tools  # noqa: F401  (each registers its commands)
+from pipelines.app.cli import backfill, inspect, pipeline, sql, tools  # noqa: F401  (each registers its commands)
 from pipelines.app.cli.base import State, cli, configure_logging, err_console, first_line
 from pipelines.errors import MedallionError, SettingsError
 

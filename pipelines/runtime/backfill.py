@@ -1,0 +1,173 @@
+"""``medallion backfill gold``: the windows of a range counted again from silver, under the settings
+in force, and ClickHouse corrected, exactly once.
+
+What a backfill does, in order, each step safe to repeat:
+
+1. Stage 2 catches up with the partials stage 1 wrote (a pass of ``gold.merge``), so every partial
+   gold holds came from silver up to the version stage 1 recorded (``S``), and no partial waits.
+2. Silver as of ``S`` (time travel: rows landed after ``S`` are stage 1's to count, later) is fanned
+   out again for the range's events; the partials of the range are replaced by those counts, their
+   batches marked as a backfill's (:func:`gold.backfill.marked`: stage 2 never adds them).
+3. Gold's rows of the range are replaced by the sums of those partials.
+4. The export runs as always: the change feed of step 3 shows each changed and removed tuple of
+   the windows ClickHouse holds, and their corrections go out once through the outbox.
+
+Each replace is one commit, guarded by the progress it was computed from: stage 1's on the
+partials and stage 2's on gold, recorded again at the version read. A ``run all`` in another
+process that commits progress in between fails the commit (:class:`CommitConflictError`); the
+backfill then starts over from step 1 (a few times, waiting longer each time) or stops and says
+so: nothing is counted twice, nothing is lost. Killed at any point, the same command finishes it.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from pyspark.sql import Observation
+from pyspark.sql import functions as F
+
+from gold.backfill import WindowRange, earliest_window, marked, replaced_figures, window_range
+from gold.property_values import COUNTED, SKIP_REASONS, counted_partials, merge_source, skip_figures, tuple_counts
+from pipelines.errors import CommitConflictError, InputError
+from pipelines.flows import flow_names
+from pipelines.flows.gold import GoldConfig, counting_rules, gold_config
+from pipelines.runtime import passes, quality
+from pipelines.runtime.eventlog import PIPELINE_EVENTS, RunRecord
+from pipelines.runtime.runner import Context, app_id, run_job
+from pipelines.runtime.tables import GOLD_PARTIALS, GOLD_PROPERTY_VALUES, SILVER_EVENTS
+from pipelines.storage import AppTxn
+
+JOB = "backfill.gold"
+#: The progress each replace is guarded by, and the backfill's own (numbered runs).
+STAGE_1 = app_id(flow_names.GOLD_PARTIALS, SILVER_EVENTS)
+STAGE_2 = app_id(flow_names.GOLD_MERGE, GOLD_PARTIALS)
+BACKFILL = f"medallion/{JOB}"
+
+
+def backfill_gold(ctx: Context, start: datetime, end: datetime) -> RunRecord:
+    """Recount gold's windows that start in [``start``, ``end``) (see the module's docstring); the
+    backfill's event-log record (its range, the rules it counted under and how they differ from the
+    last backfill's, the tuples it added, removed and changed)."""
+    config = gold_config(ctx.settings)
+    span = window_range(start, end, config.window)
+
+    def body(record: RunRecord) -> None:
+        _recount(ctx, config, span, record)
+
+    record = run_job(ctx, JOB, body)
+    if record.status == "ok":
+        ctx.say(f"backfill: exporting the corrections of {span}")
+        passes.export_property_values(ctx)
+    return record
+
+
+def _recount(ctx: Context, config: GoldConfig, span: WindowRange, record: RunRecord) -> None:
+    store = ctx.store
+    rules = counting_rules(config)
+    record.details = json.dumps({"from": f"{span.first:%Y-%m-%dT%H:%M:%SZ}", "to": f"{span.end:%Y-%m-%dT%H:%M:%SZ}"})
+    if not span.windows:
+        record.noop(f"no window starts in {span}")
+        return
+    for spec in (SILVER_EVENTS, GOLD_PARTIALS, GOLD_PROPERTY_VALUES):
+        store.ensure(spec)
+    if store.txn_version(GOLD_PARTIALS, STAGE_1) is None:
+        if store.stats(GOLD_PARTIALS).rows:  # counted, by runs over bucket sets: a progress per set
+            raise InputError(
+                "backfill gold: this lake runs gold per bucket (`--bucket`), which backfills do not do yet"
+            )
+        record.noop("gold has counted nothing yet: a first `run gold` counts every window")
+        return
+    earliest = earliest_window(store.least(SILVER_EVENTS, "event_time"), span.width)
+    if earliest is None or span.first < earliest:
+        at = "nothing" if earliest is None else f"windows from {earliest:%Y-%m-%dT%H:%M:%SZ}"
+        raise InputError(
+            f"backfill gold {span}: silver holds {at}, so windows before it would lose their counts; "
+            + ("" if earliest is None else f"the earliest start it can do is {earliest:%Y-%m-%dT%H:%M:%SZ}")
+        )
+    # 1. Every partial merged: what gold holds is what stage 1 counted, up to its silver version.
+    passes.gold_merge(ctx)
+    parts = store.txn_snapshot(GOLD_PARTIALS, [STAGE_1])
+    gold = store.txn_snapshot(GOLD_PROPERTY_VALUES, [STAGE_2])
+    silver_version = parts.versions[STAGE_1]
+    if silver_version is None or gold.versions[STAGE_2] != parts.table_version:
+        raise CommitConflictError("stage 1 committed partials while the backfill caught stage 2 up")
+    seq = (store.txn_version(GOLD_PARTIALS, BACKFILL) or 0) + 1
+    # 2. The range's partials, counted again from silver as stage 1 had read it.
+    events = store.read_at(SILVER_EVENTS, silver_version).where(span.holds("event_time"))
+    events = config.teams.counted(events)
+    counts = events.transform(tuple_counts(config.rules, config.window, config.notation))
+    tuples = Observation("backfill.tuples")  # counted and skipped per reason, as the partials are made
+    counts = counts.observe(tuples, *(c.alias(k) for k, c in skip_figures().items()))
+    # Cached: the gate counts the partials, the replace writes them (a backfill's range, not a lake).
+    partials = marked(counts.transform(counted_partials(F.lit(datetime.now(UTC))))).persist()
+    try:
+        passed = quality.gate(ctx, record, GOLD_PARTIALS.key, partials, AppTxn(BACKFILL, seq))
+        guard = [AppTxn(BACKFILL, seq), AppTxn(STAGE_1, silver_version)]
+        parts_version = store.replace(GOLD_PARTIALS, passed, span.holds(), guard, parts.table_version)
+    finally:
+        partials.unpersist()
+    # 3. Gold's rows of the range: the sums of those partials.
+    sums = store.read(GOLD_PARTIALS).where(span.holds()).repartition("bucket").transform(merge_source())
+    sums = quality.gate(ctx, record, GOLD_PROPERTY_VALUES.key, sums, AppTxn(BACKFILL, seq))
+    guard = [AppTxn(BACKFILL, seq), AppTxn(STAGE_2, gold.versions[STAGE_2] or 0)]
+    gold_version = store.replace(GOLD_PROPERTY_VALUES, sums, span.holds(), guard, gold.table_version)
+    versions = {"silver_version": silver_version, "partials_version": parts_version, "gold_version": gold_version}
+    _figures(ctx, record, span, rules, tuples.get or {}, versions)
+
+
+def _figures(
+    ctx: Context,
+    record: RunRecord,
+    span: WindowRange,
+    rules: dict[str, Any],
+    observed: dict[str, Any],
+    versions: dict[str, int],
+) -> None:
+    """The backfill's figures and details in its event-log record: ``observed``, the tuples counted
+    and skipped per reason; ``versions``, what it read and wrote."""
+    gold_version = versions["gold_version"]
+    changes = ctx.store.read_changes(GOLD_PROPERTY_VALUES, gold_version, gold_version)
+    found = changes.transform(replaced_figures()).first()  # one row of figures
+    replaced = found.asDict() if found else {}
+    skipped = {f"skipped.{r}": int(observed.get(r) or 0) for r in SKIP_REASONS if observed.get(r)}
+    record.add(windows=span.windows, tuples=int(observed.get(COUNTED) or 0), **replaced, **skipped)
+    record.add(**versions)
+    previous = _previous_rules(ctx)
+    changed = {k: [previous.get(k), v] for k, v in rules.items() if previous and previous.get(k) != v}
+    record.details = json.dumps(
+        {
+            "from": f"{span.first:%Y-%m-%dT%H:%M:%SZ}",
+            "to": f"{span.end:%Y-%m-%dT%H:%M:%SZ}",
+            "rules": rules,
+            "changed": changed if previous else "not known: no earlier run recorded its rules",
+        },
+        default=str,
+    )
+    record.rows_in = int(observed.get(COUNTED) or 0)
+    record.rows_out = int(replaced.get("tuples_added", 0)) + int(replaced.get("tuples_changed", 0))
+    ctx.say(
+        f"backfill gold {span}: {replaced.get('tuples_changed', 0):,} tuples changed, "
+        f"{replaced.get('tuples_removed', 0):,} removed, {replaced.get('tuples_added', 0):,} added, "
+        f"{replaced.get('tuples_unchanged', 0):,} as they were"
+    )
+
+
+def _previous_rules(ctx: Context) -> dict[str, Any]:
+    """The rules gold last counted under, as its newest run that counted recorded them: stage 1's
+    or a backfill's (empty: none recorded any)."""
+    if not ctx.store.exists(PIPELINE_EVENTS):
+        return {}
+    last = (
+        ctx.store.read(PIPELINE_EVENTS)
+        .where(F.col("job").isin(JOB, flow_names.GOLD_PARTIALS) & (F.col("status") == "ok"))
+        .where(F.col("details").contains('"rules"'))
+        .orderBy(F.col("started_at").desc())
+        .select("details")
+        .first()  # one row: the newest such run's details
+    )
+    try:
+        return dict(json.loads(last["details"]).get("rules") or {}) if last else {}
+    except (ValueError, TypeError, AttributeError):
+        return {}

@@ -1,0 +1,179 @@
+"""``medallion backfill gold``: a rule changed, a window range counted again from silver, ClickHouse
+corrected once; checked against counts made here from the events themselves (an independent
+model: old rules outside the range, new rules inside), across crashes and a concurrent run.
+
+Each test starts Spark jobs on the session's Spark and the embedded ClickHouse (chdb)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from pyspark.sql import SparkSession
+
+from pipelines.app.cli import cli
+from pipelines.errors import InputError
+from pipelines.runtime import backfill, ingest, passes
+from pipelines.runtime.backfill import backfill_gold
+from pipelines.runtime.eventlog import PIPELINE_EVENTS
+from pipelines.runtime.tables import GOLD_PARTIALS, GOLD_PROPERTY_VALUES
+from tests.pipelines.test_export import clickhouse_state, event, gold_state, make_ctx, nonzero, pipeline, write
+
+pytestmark = pytest.mark.integration
+
+#: 3 minutes of events, one every 3 s: windows of 30 s at 0, 30, ..., 150 s past midnight; each
+#: event has a browser (Firefox or Chrome) and plan=free.
+STREAM = [event(i, second=i * 3) for i in range(60)]
+MIDNIGHT = datetime(2024, 6, 1, tzinfo=UTC)
+#: The range backfilled: the windows at 60 and 90 s.
+FROM, TO = datetime(2024, 6, 1, 0, 1, tzinfo=UTC), datetime(2024, 6, 1, 0, 2, tzinfo=UTC)
+
+
+def expected(events: list[dict[str, Any]], excluded_in_range: set[str], excluded_after: set[str] = frozenset()) -> dict:
+    """Gold as the rules say, counted here: per (team, type, key, value, window start in epoch
+    seconds), the events' properties; a key in ``excluded_in_range`` is not counted in the range's
+    windows, one in ``excluded_after`` nowhere (for events landed after the rule changed)."""
+    counts: Counter[tuple] = Counter()
+    start = int(MIDNIGHT.timestamp())
+    for e in events:
+        minute, second = (int(p) for p in e["timestamp"][14:19].split(":"))
+        window = start + (minute * 60 + second) // 30 * 30
+        in_range = FROM.timestamp() <= window < TO.timestamp()
+        for key, value in e["properties"].items():
+            if (key in excluded_in_range and in_range) or key in e.get("_excluded", excluded_after):
+                continue
+            counts[(e["team_id"], "event", key, value, window)] += 1
+    return dict(counts)
+
+
+def last_backfill(ctx: Any) -> Any:
+    return ctx.store.read(PIPELINE_EVENTS).where("job = 'backfill.gold'").orderBy("started_at").collect()[-1]
+
+
+def test_a_key_excluded_then_backfilled_leaves_old_counts_outside_the_range_and_new_ones_inside(
+    spark: SparkSession, tmp_path: Path, engine: str
+) -> None:
+    ctx = make_ctx(spark, tmp_path / "lake", engine)
+    pipeline(ctx, [write(tmp_path / "a.jsonl", STREAM)])
+    assert gold_state(ctx) == expected(STREAM, set())
+    # The rule changes: "plan" is no longer counted. Gold's windows at 60 and 90 s are counted again.
+    now = make_ctx(spark, tmp_path / "lake", engine, excluded_keys=["plan"])
+    record = backfill_gold(now, FROM, TO)
+    want = expected(STREAM, {"plan"})
+    assert gold_state(now) == want
+    sums, _ = clickhouse_state(now)
+    assert nonzero(sums) == want  # the two "plan" tuples taken back from ClickHouse, the rest as it was
+    m = record.metrics
+    assert (m["windows"], m["tuples"], m["tuples_removed"], m["tuples_unchanged"], m["tuples_added"]) == (
+        2,
+        20,
+        2,
+        4,
+        0,
+    )
+    assert m["skipped.excluded_key"] == 20
+    row = last_backfill(now)
+    assert row["status"] == "ok" and json.loads(row["details"])["changed"] == {"rules.excluded_keys": [[], ["plan"]]}
+    # Increments after it count as always, with the rules in force: a late event into the range
+    # and one after it; stage 2 never adds the backfill's partials a second time.
+    late = [event(900, second=65, props={"plan": "pro", "browser": "Firefox"}), event(901, second=170)]
+    pipeline(now, [write(tmp_path / "late.jsonl", late)])
+    want = expected([*STREAM, *({**e, "_excluded": {"plan"}} for e in late)], {"plan"})
+    assert gold_state(now) == want
+    assert nonzero(clickhouse_state(now)[0]) == want
+
+
+def test_a_backfill_killed_between_its_commits_is_finished_by_the_same_command(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctx = make_ctx(spark, tmp_path / "lake")
+    pipeline(ctx, [write(tmp_path / "a.jsonl", STREAM)])
+    now = make_ctx(spark, tmp_path / "lake", excluded_keys=["plan"])
+    replace = type(now.store).replace
+
+    def dies_before_gold(self: Any, spec: Any, *args: Any, **kwargs: Any) -> int:
+        if spec == GOLD_PROPERTY_VALUES:
+            raise SystemExit("killed")  # not an error a retry takes: the process is gone
+        return replace(self, spec, *args, **kwargs)
+
+    monkeypatch.setattr(type(now.store), "replace", dies_before_gold)
+    with pytest.raises(SystemExit):
+        backfill_gold(now, FROM, TO)
+    monkeypatch.undo()
+    # A `run all` in between: stage 2 reads the backfill's partials and adds none of them.
+    passes.gold_merge(now)
+    assert gold_state(now) == expected(STREAM, set())
+    backfill_gold(now, FROM, TO)
+    want = expected(STREAM, {"plan"})
+    assert gold_state(now) == want and nonzero(clickhouse_state(now)[0]) == want
+    parts = now.store.read(GOLD_PARTIALS).where("window_start >= '2024-06-01 00:01:00'")
+    assert parts.where("window_start < '2024-06-01 00:02:00' AND batch_id NOT LIKE 'backfill:%'").count() == 0
+
+
+def test_a_run_that_commits_during_a_backfill_makes_it_start_over_and_nothing_is_counted_twice(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctx = make_ctx(spark, tmp_path / "lake")
+    pipeline(ctx, [write(tmp_path / "a.jsonl", STREAM)])
+    now = make_ctx(spark, tmp_path / "lake", excluded_keys=["plan"])
+    late = [event(900, second=70, props={"browser": "Firefox", "plan": "pro"})]
+    replace, raced = type(now.store).replace, []
+
+    def another_run_commits_first(self: Any, spec: Any, *args: Any, **kwargs: Any) -> int:
+        if spec == GOLD_PARTIALS and not raced:  # another process lands and counts an event
+            raced.append(True)
+            ingest.ingest_files(now, "events", [write(tmp_path / "late.jsonl", late)])
+            passes.silver_events(now)
+            passes.gold_partials(now)
+        return replace(self, spec, *args, **kwargs)
+
+    monkeypatch.setattr(type(now.store), "replace", another_run_commits_first)
+    record = backfill_gold(now, FROM, TO)
+    assert raced and record.metrics.get("conflict_retries", 0) >= 1
+    want = expected([*STREAM, *late], {"plan"})  # the late event counted once, under the new rules
+    assert gold_state(now) == want and nonzero(clickhouse_state(now)[0]) == want
+
+
+def test_a_range_before_what_silver_holds_is_refused_and_one_without_windows_does_nothing(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    ctx = make_ctx(spark, tmp_path / "lake")
+    assert backfill_gold(ctx, FROM, TO).status == "noop"  # nothing counted yet
+    pipeline(ctx, [write(tmp_path / "a.jsonl", STREAM)])
+    with pytest.raises(InputError, match="the earliest start it can do is 2024-06-01T00:00:00Z"):
+        backfill_gold(ctx, datetime(2024, 5, 31, 23, 0, tzinfo=UTC), TO)
+    version = ctx.store.version(GOLD_PROPERTY_VALUES)
+    none = backfill_gold(ctx, datetime(2024, 6, 1, 0, 1, 1, tzinfo=UTC), datetime(2024, 6, 1, 0, 1, 20, tzinfo=UTC))
+    assert none.status == "noop" and "no window starts in" in (none.details or "")
+    assert ctx.store.version(GOLD_PROPERTY_VALUES) == version
+    assert backfill.window_range(FROM, TO, ctx.settings.gold.window).windows == 2
+
+
+def test_the_command_recounts_the_range_and_says_what_changed(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctx = make_ctx(spark, tmp_path / "lake")
+    pipeline(ctx, [write(tmp_path / "a.jsonl", STREAM)])
+    now = make_ctx(spark, tmp_path / "lake", excluded_keys=["plan"])  # as `--set gold.excluded_keys=plan` gives
+    monkeypatch.setattr("pipelines.app.cli.State.context", lambda self, validates=False: now)
+    result = CliRunner().invoke(cli, ["backfill", "gold", "--from", "2024-06-01T00:01:00Z", "--to", "2024-06-01T00:02"])
+    assert result.exit_code == 0, result.output
+    assert "2 windows recounted: 0 tuples changed, 2 removed, 0 added, 4 as they were" in result.output
+    assert gold_state(now) == expected(STREAM, {"plan"})
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["--from", "yesterday", "--to", "2024-06-01"], "'yesterday' is not an ISO 8601 time"),
+        (["--from", "2024-06-02", "--to", "2024-06-01"], "--to must be after --from"),
+    ],
+)
+def test_the_command_refuses_a_range_it_cannot_read_before_spark_starts(args: list[str], error: str) -> None:
+    result = CliRunner().invoke(cli, ["backfill", "gold", *args])
+    assert result.exit_code == 2 and error in result.output, result.output
