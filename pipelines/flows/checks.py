@@ -39,8 +39,10 @@ def gold_frames(store: TableStore, settings: Settings) -> Frames | None:
     total = total_of("count")
     gold_sum = gold.agg(total).first()[0]  # type: ignore[index]
     merged = store.txn_version(GOLD_PROPERTY_VALUES, app_id(flow_names.GOLD_MERGE, GOLD_PARTIALS))
+    # The partials as of the version stage 2 merged through (a backfill replaces some: what was
+    # ever inserted is not what gold sums).
     partial_sum = (
-        store.read_inserted(GOLD_PARTIALS, 0, merged).agg(total).first()[0]  # type: ignore[index]
+        store.read_at(GOLD_PARTIALS, merged).agg(total).first()[0]  # type: ignore[index]
         if merged is not None
         else None
     )

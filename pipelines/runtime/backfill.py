@@ -8,12 +8,14 @@ What a backfill does, in order, each step safe to repeat:
 2. Silver as of ``S`` (time travel: rows landed after ``S`` are stage 1's to count, later) is fanned
    out again for the range's events; the partials of the range are replaced by those counts, their
    batches marked as a backfill's (:func:`gold.backfill.marked`: stage 2 never adds them).
-3. Gold's rows of the range are replaced by the sums of those partials.
+3. Gold's rows of the range are replaced by the sums of those partials, and stage 2's progress
+   moves past them in the same commit (it never adds them; a crash before leaves them to step 1,
+   which skips them too, and to the same command run again).
 4. The export runs as always: the change feed of step 3 shows each changed and removed tuple of
    the windows ClickHouse holds, and their corrections go out once through the outbox.
 
 Each replace is one commit, guarded by the progress it was computed from: stage 1's on the
-partials and stage 2's on gold, recorded again at the version read. A ``run all`` in another
+partials (recorded again at the version read) and stage 2's on gold (moved on). A ``run all`` in another
 process that commits progress in between fails the commit (:class:`CommitConflictError`); the
 backfill then starts over from step 1 (a few times, waiting longer each time) or stops and says
 so: nothing is counted twice, nothing is lost. Killed at any point, the same command finishes it.
@@ -111,8 +113,12 @@ def _recount(ctx: Context, config: GoldConfig, span: WindowRange, record: RunRec
     # 3. Gold's rows of the range: the sums of those partials.
     sums = store.read(GOLD_PARTIALS).where(span.holds()).repartition("bucket").transform(merge_source())
     sums = quality.gate(ctx, record, GOLD_PROPERTY_VALUES.key, sums, AppTxn(BACKFILL, seq))
-    guard = [AppTxn(BACKFILL, seq), AppTxn(STAGE_2, gold.versions[STAGE_2] or 0)]
-    gold_version = store.replace(GOLD_PROPERTY_VALUES, sums, span.holds(), guard, gold.table_version)
+    # Stage 2's progress moves past the backfill's partials: the backfill added them to gold itself.
+    # Recorded through the version read, so a stage 2 that committed since fails the replace.
+    merged = AppTxn(STAGE_2, parts_version)
+    gold_version = store.replace(GOLD_PROPERTY_VALUES, sums, span.holds(), [merged], gold.table_version)
+    if store.txn_version(GOLD_PROPERTY_VALUES, STAGE_2) != parts_version:  # a write Delta skipped as done
+        raise CommitConflictError(f"stage 2 recorded progress in {GOLD_PROPERTY_VALUES.key} during the backfill")
     versions = {"silver_version": silver_version, "partials_version": parts_version, "gold_version": gold_version}
     _figures(ctx, record, span, rules, tuples.get or {}, versions)
 

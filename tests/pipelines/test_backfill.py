@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 from pyspark.sql import SparkSession
 
+from pipelines.app.api import Pipeline
 from pipelines.app.cli import cli
 from pipelines.errors import InputError
 from pipelines.runtime import backfill, ingest, passes
@@ -79,6 +80,10 @@ def test_a_key_excluded_then_backfilled_leaves_old_counts_outside_the_range_and_
     assert m["skipped.excluded_key"] == 20
     row = last_backfill(now)
     assert row["status"] == "ok" and json.loads(row["details"])["changed"] == {"rules.excluded_keys": [[], ["plan"]]}
+    # Gold still sums its partials: the range's were replaced too. (The fan-out of all of silver
+    # under the new rules is not what the partials outside the range hold: they keep the old.)
+    checked = {r["expectation"]: r["outcome"] for r in Pipeline(now).validate(["gold/property_values"])}
+    assert checked["gold_equals_partials"] == "passed" and checked["partials_equal_fanout"] == "failed"
     # Increments after it count as always, with the rules in force: a late event into the range
     # and one after it; stage 2 never adds the backfill's partials a second time.
     late = [event(900, second=65, props={"plan": "pro", "browser": "Firefox"}), event(901, second=170)]
