@@ -15,10 +15,11 @@ What a backfill does, in order, each step safe to repeat:
    the windows ClickHouse holds, and their corrections go out once through the outbox.
 
 Each replace is one commit, guarded by the progress it was computed from: stage 1's on the
-partials (recorded again at the version read) and stage 2's on gold (moved on). A ``run all`` in another
-process that commits progress in between fails the commit (:class:`CommitConflictError`); the
-backfill then starts over from step 1 (a few times, waiting longer each time) or stops and says
-so: nothing is counted twice, nothing is lost. Killed at any point, the same command finishes it.
+partials (recorded again at the version read) and stage 2's on gold (moved on). A ``run all`` in
+another process that commits progress in between fails the commit (:class:`CommitConflictError`);
+the backfill then starts over from step 1 (a few times, waiting longer each time) or stops and
+says so: nothing is counted twice, nothing is lost. Killed at any point, the same command
+finishes it.
 """
 
 from __future__ import annotations
@@ -50,15 +51,21 @@ BACKFILL = f"medallion/{JOB}"
 
 def backfill_gold(ctx: Context, start: datetime, end: datetime) -> RunRecord:
     """Recount gold's windows that start in [``start``, ``end``) (see the module's docstring); the
-    backfill's event-log record (its range, the rules it counted under and how they differ from the
-    last backfill's, the tuples it added, removed and changed)."""
+    backfill's event-log record (its range, the rules it counted under and how they differ from those
+    gold last counted under, the tuples it added, removed and changed)."""
     config = gold_config(ctx.settings)
     span = window_range(start, end, config.window)
 
     def body(record: RunRecord) -> None:
         _recount(ctx, config, span, record)
 
-    record = run_job(ctx, JOB, body)
+    try:
+        record = run_job(ctx, JOB, body)
+    except CommitConflictError as exc:
+        raise CommitConflictError(
+            f"backfill gold {span}: another run kept committing to gold while the backfill ran, so it stopped; "
+            f"nothing was counted twice: run it again once that run is idle ({exc})"
+        ) from exc
     if record.status == "ok":
         ctx.say(f"backfill: exporting the corrections of {span}")
         passes.export_property_values(ctx)

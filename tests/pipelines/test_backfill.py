@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from pyspark.sql import SparkSession
 
 from pipelines.app.cli import cli
-from pipelines.errors import InputError
+from pipelines.errors import CommitConflictError, InputError
 from pipelines.flows.checks import gold_frames
 from pipelines.runtime import backfill, ingest, passes
 from pipelines.runtime.backfill import backfill_gold
@@ -173,6 +173,21 @@ def test_the_command_recounts_the_range_and_says_what_changed(
     assert result.exit_code == 0, result.output
     assert "2 windows recounted: 0 tuples changed, 2 removed, 0 added, 4 as they were" in result.output
     assert gold_state(now) == expected(STREAM, {"plan"})
+    shown = CliRunner().invoke(cli, ["status"], terminal_width=300)
+    assert shown.exit_code == 0, shown.output
+    backfills = shown.output[shown.output.index("Backfills") :].splitlines()
+    row = next(line for line in backfills if "backfill.gold" in line)
+    cells = [c.strip() for c in row.split("│")[1:-1]]
+    assert cells[1:] == [
+        "backfill.gold",
+        "ok",
+        "[2024-06-01T00:01:00Z, 2024-06-01T00:02:00Z)",
+        "rules.excluded_keys: [] -> ['plan']",
+        "0",
+        "2",
+        "0",
+        "4",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -185,3 +200,21 @@ def test_the_command_recounts_the_range_and_says_what_changed(
 def test_the_command_refuses_a_range_it_cannot_read_before_spark_starts(args: list[str], error: str) -> None:
     result = CliRunner().invoke(cli, ["backfill", "gold", *args])
     assert result.exit_code == 2 and error in result.output, result.output
+
+
+def test_a_backfill_that_keeps_meeting_another_run_stops_and_says_so(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctx = make_ctx(spark, tmp_path / "lake")
+    pipeline(ctx, [write(tmp_path / "a.jsonl", STREAM)])
+    version = ctx.store.version(GOLD_PROPERTY_VALUES)
+
+    def busy(_: Any) -> None:
+        raise CommitConflictError("gold.merge: commit conflict")  # another run, every time
+
+    monkeypatch.setattr(backfill.passes, "gold_merge", busy)
+    with pytest.raises(CommitConflictError, match=r"another run kept committing to gold .* run it again once"):
+        backfill_gold(ctx, FROM, TO)
+    assert ctx.store.version(GOLD_PROPERTY_VALUES) == version
+    row = last_backfill(ctx)
+    assert row["status"] == "failed" and row["metrics"]["conflict_retries"] == 7

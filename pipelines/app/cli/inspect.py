@@ -11,7 +11,7 @@ import click
 from rich.table import Table
 
 from pipelines.app.cli.base import State, cli, console, num, say_step
-from pipelines.app.cli.render import cell, print_buckets, print_flows, print_quality, print_results
+from pipelines.app.cli.render import cell, print_backfills, print_buckets, print_flows, print_quality, print_results
 
 
 # -- status -------------------------------------------------------------------------------------
@@ -63,6 +63,7 @@ def status(state: State, runs: int) -> None:
             shown,
         )
     console.print(r)
+    print_backfills(ctx, runs)
     print_quality(ctx)
 
 

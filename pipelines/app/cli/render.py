@@ -165,6 +165,50 @@ def print_quality(ctx: Any) -> None:
     print_results(rows, title="Latest data quality (per expectation, newest result)")
 
 
+def print_backfills(ctx: Any, runs: int) -> None:
+    """The latest backfills: each one's range, the rules that changed since the count before, and
+    the tuples it changed, removed, added and kept."""
+    import json
+
+    from pyspark.sql import functions as F
+
+    from pipelines.runtime.eventlog import PIPELINE_EVENTS
+
+    rows = (
+        ctx.store.read(PIPELINE_EVENTS)
+        .where(F.col("job").startswith("backfill."))
+        .orderBy(F.col("ended_at").desc())
+        .limit(runs)
+        .collect()  # at most --runs rows, to print
+    )
+    if not rows:
+        return
+    t = Table(title="Backfills", title_justify="left")
+    for col in ("ended", "job", "status", "range", "rules changed", "changed", "removed", "added", "as they were"):
+        t.add_column(col, justify="right" if col in ("changed", "removed", "added", "as they were") else "left")
+    for row in rows:
+        try:
+            details = json.loads(row["details"] or "{}")
+        except ValueError:  # a noop's reason
+            details = {}
+        changed = details.get("changed")
+        rules = (
+            ", ".join(f"{k}: {old} -> {new}" for k, (old, new) in changed.items())
+            if isinstance(changed, dict)
+            else (changed or "")
+        )
+        m = dict(row["metrics"] or {})
+        t.add_row(
+            row["ended_at"].strftime("%Y-%m-%d %H:%M:%S"),
+            row["job"],
+            row["status"] + (f": {row['error'] or row['details']}" if row["status"] != "ok" else ""),
+            f"[{details['from']}, {details['to']})" if "from" in details else "",
+            rules or "none",
+            *(f"{int(m.get(f'tuples_{k}', 0)):,}" for k in ("changed", "removed", "added", "unchanged")),
+        )
+    console.print(t)
+
+
 OUTCOME_STYLE = {"passed": "green", "warned": "yellow", "dropped": "yellow", "failed": "bold red"}
 
 
