@@ -117,6 +117,9 @@ GOLD_PARTIALS = TableSpec(
     PARTIALS_SCHEMA,
     partition_by=("bucket",),
     description="stage 1: partial tuple counts per window and source batch",
+    # A backfill replaces some windows' partials: it rewrites only the files that hold them.
+    cluster_by=(WINDOW_START,),
+    file_rows=50_000,
 )
 GOLD_PROPERTY_VALUES = TableSpec(
     "gold",

@@ -311,6 +311,14 @@ def test_fixed_costs_time_a_noop_and_a_one_event_run_of_every_event_path_job(
     assert "## Per-run fixed costs" in (out / "bench.md").read_text()
 
 
+def test_a_one_window_backfill_is_timed_on_the_lake_the_chain_left(bench: tuple[Path, dict[str, Any], str]) -> None:
+    out, result, _ = bench
+    r = result["backfill"]
+    assert r["gold_rows"] > 0 and r["tuples"] > 0  # a window in the middle of the lake's events
+    assert 0 < r["seconds"]["min"] <= r["seconds"]["median"] <= r["seconds"]["max"]
+    assert "## A 1-window backfill" in (out / "bench.md").read_text()
+
+
 def test_a_pass_of_run_all_is_timed_empty_and_with_one_event_per_flow_and_in_total(
     bench: tuple[Path, dict[str, Any], str],
 ) -> None:

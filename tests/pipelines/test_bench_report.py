@@ -64,8 +64,14 @@ def l_result() -> dict[str, Any]:
             },
             "event_path": [BRONZE, GOLD],
         },
+        "backfill": {"window": "[a, b)", "gold_rows": 8_000_000, "tuples": 900, "seconds": seconds(6.0, 5.5, 7.0)},
+        "backfill_small": {"window": "[c, d)", "gold_rows": 90_000, "tuples": 800, "seconds": seconds(5.0, 4.0, 6.0)},
         "wall_seconds": 1_500.0,
     }
+
+
+def seconds(median: float, low: float, high: float) -> dict[str, float]:
+    return {"median": median, "min": low, "max": high}
 
 
 def test_an_l_report_shows_scale_by_size_and_the_fixed_costs_at_both_ends(tmp_path: Path) -> None:
@@ -77,6 +83,8 @@ def test_an_l_report_shows_scale_by_size_and_the_fixed_costs_at_both_ends(tmp_pa
     assert "| gold (stage 1 + 2) | 850.00 / 3,100 | 860.00 / 4,000 | 900.00 / 4,100 |" in table  # RSS
     assert "| job | no-op at S | no-op at L | 1 event at S | 1 event at L | 1 event, L / S |" in table
     assert "| export | 0.25 | 0.30 | 2.00 | 2.40 | 1.20x |" in table
+    assert "| S | 90,000 | [c, d) | 800 | 5.00 (4.00-6.00) | 1.00x |" in table  # a backfill's cost: its range's
+    assert "| L | 8,000,000 | [a, b) | 900 | 6.00 (5.50-7.00) | 1.20x |" in table
     # Only M and S measure these.
     for absent in ("## Records per event", "## Page changes pruned", "## Page-change buffer", "## Freshness"):
         assert absent not in table

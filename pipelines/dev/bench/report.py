@@ -166,6 +166,10 @@ def markdown(result: dict[str, Any]) -> str:
                 f"| {small['stage']} | {small['noop']['median']:.2f} | {at_size['noop']['median']:.2f} "
                 f"| {one:.2f} | {one_big:.2f} | {_n(one_big / one if one else None)}x |"
             )
+    if result.get("backfill"):
+        from pipelines.dev.bench.backfills import markdown as backfill_markdown
+
+        lines += ["", *backfill_markdown(result)]
     if result.get("freshness"):
         from pipelines.dev.bench.freshness_report import markdown as freshness_markdown
 

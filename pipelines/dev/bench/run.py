@@ -20,6 +20,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.dev.bench import plain
+from pipelines.dev.bench.backfills import one_window_backfill
 from pipelines.dev.bench.cold import cold_chain
 from pipelines.dev.bench.freshness import run_freshness
 from pipelines.dev.bench.ingest import ingest_stages
@@ -370,6 +371,8 @@ def run_bench(
     # so a figure is a median, not one run on a shared machine; XS checks that they run, once.
     one_event_runs = b.repeats if size.name == "XS" else max(b.repeats, FIXED_COST_RUNS)
     b.extra["fixed_costs"] = fixed_costs(b, ctx, w, repeats=one_event_runs)
+    say("a 1-window backfill")
+    b.extra["backfill"] = one_window_backfill(b, ctx, one_event_runs)
     if full:
         say("reduction by pods, dedup by window, buffer growth")
         b.extra["reduction"] = reduction(b, w)
@@ -389,6 +392,7 @@ def run_bench(
             if not full and name == "S":
                 say("per-run fixed costs on the S lake, beside L's")
                 b.extra["fixed_costs_small"] = fixed_costs(b, small, sw, "pass_costs_small", one_event_runs)
+                b.extra["backfill_small"] = one_window_backfill(b, small, one_event_runs)
     b.extra["scaling"] = {
         "sizes": {n: SIZES[n].events for n in scaling},
         "seconds": scaling,
