@@ -116,6 +116,12 @@ def test_a_backfill_killed_between_its_commits_is_finished_by_the_same_command(
     # A `run all` in between: stage 2 reads the backfill's partials and adds none of them.
     passes.gold_merge(now)
     assert gold_state(now) == expected(STREAM, set())
+    # Killed again, after gold's commit and before the export: ClickHouse still has the old counts.
+    monkeypatch.setattr(backfill.passes, "export_property_values", lambda *_: (_ for _ in ()).throw(SystemExit))
+    with pytest.raises(SystemExit):
+        backfill_gold(now, FROM, TO)
+    monkeypatch.undo()
+    assert gold_state(now) == expected(STREAM, {"plan"}) and clickhouse_state(now)[0] == expected(STREAM, set())
     backfill_gold(now, FROM, TO)
     want = expected(STREAM, {"plan"})
     assert gold_state(now) == want and nonzero(clickhouse_state(now)[0]) == want
