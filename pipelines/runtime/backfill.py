@@ -118,11 +118,15 @@ def _recount(ctx: Context, config: GoldConfig, span: WindowRange, record: RunRec
     finally:
         partials.unpersist()
     # 3. Gold's rows of the range: the sums of those partials.
-    sums = store.read(GOLD_PARTIALS).where(span.holds()).repartition("bucket").transform(merge_source())
+    # As the replace left them: partials stage 1 commits since are stage 2's to add.
+    sums = store.read_at(GOLD_PARTIALS, parts_version).where(span.holds())
+    sums = sums.repartition("bucket").transform(merge_source())
     sums = quality.gate(ctx, record, GOLD_PROPERTY_VALUES.key, sums, AppTxn(BACKFILL, seq))
     # Stage 2's progress moves past the backfill's partials: the backfill added them to gold itself.
     # Recorded through the version read, so a stage 2 that committed since fails the replace.
     merged = AppTxn(STAGE_2, parts_version)
+    if store.txn_version(GOLD_PROPERTY_VALUES, STAGE_2) != gold.versions[STAGE_2]:  # moved since the snapshot
+        raise CommitConflictError(f"stage 2 recorded progress in {GOLD_PROPERTY_VALUES.key} during the backfill")
     gold_version = store.replace(GOLD_PROPERTY_VALUES, sums, span.holds(), [merged], gold.table_version)
     if store.txn_version(GOLD_PROPERTY_VALUES, STAGE_2) != parts_version:  # a write Delta skipped as done
         raise CommitConflictError(f"stage 2 recorded progress in {GOLD_PROPERTY_VALUES.key} during the backfill")

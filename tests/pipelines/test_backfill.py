@@ -224,3 +224,30 @@ def test_a_backfill_that_keeps_meeting_another_run_stops_and_says_so(
     assert ctx.store.version(GOLD_PROPERTY_VALUES) == version
     row = last_backfill(ctx)
     assert row["status"] == "failed" and row["metrics"]["conflict_retries"] == 7
+
+
+def test_partials_counted_during_a_backfill_after_its_own_are_added_once_by_stage_2(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctx = make_ctx(spark, tmp_path / "lake")
+    pipeline(ctx, [write(tmp_path / "a.jsonl", STREAM)])
+    now = make_ctx(spark, tmp_path / "lake", excluded_keys=["plan"])
+    late = [event(900, second=70, props={"browser": "Firefox", "plan": "pro"})]
+    replace = type(now.store).replace
+
+    def another_run_counts_right_after(self: Any, spec: Any, *args: Any, **kwargs: Any) -> int:
+        version = replace(self, spec, *args, **kwargs)
+        if spec == GOLD_PARTIALS:  # between the backfill's partials and its gold rows
+            ingest.ingest_files(now, "events", [write(tmp_path / "late.jsonl", late)])
+            passes.silver_events(now)
+            passes.gold_partials(now)
+        return version
+
+    monkeypatch.setattr(type(now.store), "replace", another_run_counts_right_after)
+    backfill_gold(now, FROM, TO)
+    monkeypatch.undo()
+    assert gold_state(now) == expected(STREAM, {"plan"})  # the late event waits for stage 2 ...
+    passes.gold_merge(now)
+    passes.export_property_values(now, drain=True)
+    want = expected([*STREAM, *late], {"plan"})  # ... which adds it once, under the new rules
+    assert gold_state(now) == want and nonzero(clickhouse_state(now)[0]) == want
