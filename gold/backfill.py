@@ -67,10 +67,11 @@ def window_range(start: datetime, end: datetime, width: timedelta) -> WindowRang
 
 
 def earliest_window(least_event: datetime | None, width: timedelta) -> datetime | None:
-    """The first window start a backfill can recount: that of the earliest event silver holds."""
+    """The first window start a backfill can recount: that of the earliest event silver holds
+    (a naive time is local, as pyspark collects one)."""
     if least_event is None:
         return None
-    at = least_event if least_event.tzinfo else least_event.replace(tzinfo=UTC)
+    at = least_event.astimezone(UTC)
     epoch = datetime(1970, 1, 1, tzinfo=UTC)
     return epoch + ((at.astimezone(UTC) - epoch) // width) * width
 

@@ -108,11 +108,14 @@ def differences(
     """
 
     def transform(rows: DataFrame) -> DataFrame:
+        # What ClickHouse holds: a tuple whose count was taken back to 0 holds nothing, and is
+        # gated and placed among the top values again as one never sent.
+        holds = exported.where(F.col("exported_count") != 0)
         totals = rows.select(*EXPORT_KEY, F.col("count").alias("total"))
         if gone is not None:
-            lost = exported.join(gone, list(EXPORT_KEY), "left_semi").join(totals, list(EXPORT_KEY), "left_anti")
+            lost = holds.join(gone, list(EXPORT_KEY), "left_semi").join(totals, list(EXPORT_KEY), "left_anti")
             totals = totals.unionByName(lost.select(*EXPORT_KEY, F.lit(0).cast("long").alias("total")))
-        joined = totals.join(exported.select(*EXPORT_KEY, "exported_count"), list(EXPORT_KEY), "left")
+        joined = totals.join(holds.select(*EXPORT_KEY, "exported_count"), list(EXPORT_KEY), "left")
         before = F.coalesce(F.col("exported_count"), F.lit(0))
         gated = F.col("exported_count").isNull() & (F.col("total") < F.lit(min_count))
         out = joined.select(
@@ -126,7 +129,7 @@ def differences(
             dropped = F.lit(False)
         else:
             key = [c for c in EXPORT_KEY if c != "property_value"]
-            held = exported.groupBy(*key).agg(F.count(F.lit(1)).alias("_held"))
+            held = holds.groupBy(*key).agg(F.count(F.lit(1)).alias("_held"))
             out = out.withColumn("_new", ~F.col("correction") & ~F.col("_gated")).join(held, key, "left")
             order = Window.partitionBy(*key, "_new").orderBy(F.desc("total"), F.asc("property_value"))
             place = F.coalesce(F.col("_held"), F.lit(0)) + F.row_number().over(order)

@@ -76,25 +76,9 @@ def _recount(ctx: Context, config: GoldConfig, span: WindowRange, record: RunRec
     store = ctx.store
     rules = counting_rules(config)
     record.details = json.dumps({"from": f"{span.first:%Y-%m-%dT%H:%M:%SZ}", "to": f"{span.end:%Y-%m-%dT%H:%M:%SZ}"})
-    if not span.windows:
-        record.noop(f"no window starts in {span}")
+    previous = _can_recount(ctx, span, rules, record)
+    if previous is None:
         return
-    for spec in (SILVER_EVENTS, GOLD_PARTIALS, GOLD_PROPERTY_VALUES):
-        store.ensure(spec)
-    if store.txn_version(GOLD_PARTIALS, STAGE_1) is None:
-        if store.stats(GOLD_PARTIALS).rows:  # counted, by runs over bucket sets: a progress per set
-            raise InputError(
-                "backfill gold: this lake runs gold per bucket (`--bucket`), which backfills do not do yet"
-            )
-        record.noop("gold has counted nothing yet: a first `run gold` counts every window")
-        return
-    earliest = earliest_window(store.least(SILVER_EVENTS, "event_time"), span.width)
-    if earliest is None or span.first < earliest:
-        at = "nothing" if earliest is None else f"windows from {earliest:%Y-%m-%dT%H:%M:%SZ}"
-        raise InputError(
-            f"backfill gold {span}: silver holds {at}, so windows before it would lose their counts; "
-            + ("" if earliest is None else f"the earliest start it can do is {earliest:%Y-%m-%dT%H:%M:%SZ}")
-        )
     # 1. Every partial merged: what gold holds is what stage 1 counted, up to its silver version.
     passes.gold_merge(ctx)
     parts = store.txn_snapshot(GOLD_PARTIALS, [STAGE_1])
@@ -131,7 +115,40 @@ def _recount(ctx: Context, config: GoldConfig, span: WindowRange, record: RunRec
     if store.txn_version(GOLD_PROPERTY_VALUES, STAGE_2) != parts_version:  # a write Delta skipped as done
         raise CommitConflictError(f"stage 2 recorded progress in {GOLD_PROPERTY_VALUES.key} during the backfill")
     versions = {"silver_version": silver_version, "partials_version": parts_version, "gold_version": gold_version}
-    _figures(ctx, record, span, rules, tuples.get or {}, versions)
+    _figures(ctx, record, span, rules, previous, tuples.get or {}, versions)
+
+
+def _can_recount(ctx: Context, span: WindowRange, rules: dict[str, Any], record: RunRecord) -> dict[str, Any] | None:
+    """The rules gold last counted under, if the range can be recounted; None (said why in
+    ``record``) where there is nothing to do; an :class:`InputError` where it must not be done."""
+    store = ctx.store
+    if not span.windows:
+        record.noop(f"no window starts in {span}")
+        return None
+    for spec in (SILVER_EVENTS, GOLD_PARTIALS, GOLD_PROPERTY_VALUES):
+        store.ensure(spec)
+    if store.txn_version(GOLD_PARTIALS, STAGE_1) is None:
+        if store.stats(GOLD_PARTIALS).rows:  # counted, by runs over bucket sets: a progress per set
+            raise InputError(
+                "backfill gold: this lake runs gold per bucket (`--bucket`), which backfills do not do yet"
+            )
+        record.noop("gold has counted nothing yet: a first `run gold` counts every window")
+        return None
+    earliest = earliest_window(store.least(SILVER_EVENTS, "event_time"), span.width)
+    if earliest is None or span.first < earliest:
+        at = "nothing" if earliest is None else f"windows from {earliest:%Y-%m-%dT%H:%M:%SZ}"
+        raise InputError(
+            f"backfill gold {span}: silver holds {at}, so windows before it would lose their counts; "
+            + ("" if earliest is None else f"the earliest start it can do is {earliest:%Y-%m-%dT%H:%M:%SZ}")
+        )
+    previous = _previous_rules(ctx)
+    if previous.get("window") not in (None, rules["window"]):
+        raise InputError(
+            f"backfill gold {span}: gold.window is {rules['window']} but gold counted in windows of "
+            f"{previous['window']}: a range would hold windows of both widths and count events twice; "
+            "set gold.window back, or count a new lake"
+        )
+    return previous
 
 
 def _figures(
@@ -139,6 +156,7 @@ def _figures(
     record: RunRecord,
     span: WindowRange,
     rules: dict[str, Any],
+    previous: dict[str, Any],
     observed: dict[str, Any],
     versions: dict[str, int],
 ) -> None:
@@ -151,7 +169,6 @@ def _figures(
     skipped = {f"skipped.{r}": int(observed.get(r) or 0) for r in SKIP_REASONS if observed.get(r)}
     record.add(windows=span.windows, tuples=int(observed.get(COUNTED) or 0), **replaced, **skipped)
     record.add(**versions)
-    previous = _previous_rules(ctx)
     changed = {k: [previous.get(k), v] for k, v in rules.items() if previous and previous.get(k) != v}
     record.details = json.dumps(
         {

@@ -254,7 +254,8 @@ class TableStore(ABC):
 
     def least(self, spec: TableSpec, column: str) -> Any:
         """The least ``column`` the table holds (None: no rows); one value, from the files'
-        statistics where the engine has them."""
+        statistics where the engine has them. A timestamp is naive, in local time, as pyspark
+        collects one."""
         found = self.read(spec).agg(F.min(column)).first()
         return found[0] if found else None
 

@@ -351,7 +351,11 @@ class DeltaRsStore(TableStore):
 
     def least(self, spec: TableSpec, column: str) -> Any:
         known, value = deltars_stats.least(self._table(spec), column)
-        return value if known else super().least(spec, column)
+        if not known:
+            return super().least(spec, column)
+        if isinstance(value, datetime):  # statistics are UTC: as pyspark would collect it
+            value = (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone().replace(tzinfo=None)
+        return value
 
     def read_since(self, spec: TableSpec, column: str, since: datetime) -> DataFrame:
         return self._pruned(spec, column, from_time(since)).where(F.col(column) >= F.lit(since))

@@ -11,6 +11,7 @@ from pyspark.sql import SparkSession
 from gold.export import (
     ExportBounds,
     ExportProgress,
+    differences,
     export_bounds,
     exported_of,
     held_change_bounds,
@@ -182,3 +183,23 @@ def test_a_batch_with_no_window_newly_closed_sends_the_late_corrections_alone(
     late = spark.createDataFrame([(1, "event", "plan", "a", w0)], KEY_DDL)
     cut = gold.transform(incremental_batch(late, [T], exported, WINDOW, T + WINDOW, closed_before, min_count=1))
     assert [tuple(r) for r in cut.collect()] == [(1, "event", "plan", "a", w0, 2, 5, True, False, False)]
+
+
+def test_a_tuple_taken_back_to_zero_is_gated_and_placed_as_one_never_sent(spark: SparkSession) -> None:
+    # ClickHouse was sent "a" (then taken back to 0 by a backfill) and "b" (3) in window T. Gold now
+    # holds "a" once (below the gate of 2), "b" still at 3 and a new "c" at 4; one value per key
+    # and window may be sent. "a" holds nothing in ClickHouse: it is gated as one never sent, and
+    # holds no place; "b" holds the one place, so "c" is dropped.
+    w0 = T.replace(tzinfo=None)
+    gold = spark.createDataFrame(
+        [(1, "event", "plan", "a", w0, 1, 0), (1, "event", "plan", "b", w0, 3, 0), (1, "event", "plan", "c", w0, 4, 0)],
+        GOLD_DDL,
+    ).drop("bucket")
+    exported = spark.createDataFrame([(1, "event", "plan", "a", w0, 0), (1, "event", "plan", "b", w0, 3)], EXPORTED_DDL)
+    cut = gold.transform(differences(exported, min_count=2, top_values=1))
+    rows = {r["property_value"]: (r["count"], r["correction"], r["_gated"], r["_dropped"]) for r in cut.collect()}
+    assert rows == {"a": (1, False, True, False), "c": (4, False, False, True)}  # "b" has no change
+    # With two places, "c" takes the second: "a"'s taken-back row holds none.
+    cut = gold.transform(differences(exported, min_count=2, top_values=2))
+    rows = {r["property_value"]: (r["count"], r["_gated"], r["_dropped"]) for r in cut.collect()}
+    assert rows == {"a": (1, True, False), "c": (4, False, False)}

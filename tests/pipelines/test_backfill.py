@@ -165,7 +165,10 @@ def test_a_range_before_what_silver_holds_is_refused_and_one_without_windows_doe
     none = backfill_gold(ctx, datetime(2024, 6, 1, 0, 1, 1, tzinfo=UTC), datetime(2024, 6, 1, 0, 1, 20, tzinfo=UTC))
     assert none.status == "noop" and "no window starts in" in (none.details or "")
     assert ctx.store.version(GOLD_PROPERTY_VALUES) == version
-    assert backfill.window_range(FROM, TO, ctx.settings.gold.window).windows == 2
+    wider = make_ctx(spark, tmp_path / "lake", window="60s")
+    with pytest.raises(InputError, match=r"gold\.window is 0:01:00 but gold counted in windows of 0:00:30"):
+        backfill_gold(wider, FROM, TO)
+    assert ctx.store.version(GOLD_PROPERTY_VALUES) == version
 
 
 def test_the_command_recounts_the_range_and_says_what_changed(
