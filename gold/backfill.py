@@ -41,8 +41,17 @@ class WindowRange:
         statistics can skip files."""
         return f"{column} >= {_instant(self.first)} AND {column} < {_instant(self.end)}"
 
+    def bounds(self) -> dict[str, str]:
+        """The range as the event log records it: ``from`` and ``to``, in UTC."""
+        return {"from": iso(self.first), "to": iso(self.end)}
+
     def __str__(self) -> str:
-        return f"[{self.first:%Y-%m-%dT%H:%M:%SZ}, {self.end:%Y-%m-%dT%H:%M:%SZ})"
+        return f"[{iso(self.first)}, {iso(self.end)})"
+
+
+def iso(at: datetime) -> str:
+    """A window start (UTC) as the command line takes and prints one."""
+    return f"{at.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}"
 
 
 def _instant(at: datetime) -> str:
@@ -71,9 +80,8 @@ def earliest_window(least_event: datetime | None, width: timedelta) -> datetime 
     (a naive time is local, as pyspark collects one)."""
     if least_event is None:
         return None
-    at = least_event.astimezone(UTC)
     epoch = datetime(1970, 1, 1, tzinfo=UTC)
-    return epoch + ((at.astimezone(UTC) - epoch) // width) * width
+    return epoch + ((least_event.astimezone(UTC) - epoch) // width) * width
 
 
 def marked(partials: DataFrame) -> DataFrame:

@@ -31,7 +31,7 @@ from typing import Any
 from pyspark.sql import Observation
 from pyspark.sql import functions as F
 
-from gold.backfill import WindowRange, earliest_window, marked, replaced_figures, window_range
+from gold.backfill import WindowRange, earliest_window, iso, marked, replaced_figures, window_range
 from gold.property_values import COUNTED, SKIP_REASONS, counted_partials, merge_source, skip_figures, tuple_counts
 from pipelines.errors import CommitConflictError, InputError
 from pipelines.flows import flow_names
@@ -75,7 +75,7 @@ def backfill_gold(ctx: Context, start: datetime, end: datetime) -> RunRecord:
 def _recount(ctx: Context, config: GoldConfig, span: WindowRange, record: RunRecord) -> None:
     store = ctx.store
     rules = counting_rules(config)
-    record.details = json.dumps({"from": f"{span.first:%Y-%m-%dT%H:%M:%SZ}", "to": f"{span.end:%Y-%m-%dT%H:%M:%SZ}"})
+    record.details = json.dumps(span.bounds())
     previous = _can_recount(ctx, span, rules, record)
     if previous is None:
         return
@@ -108,14 +108,25 @@ def _recount(ctx: Context, config: GoldConfig, span: WindowRange, record: RunRec
     sums = quality.gate(ctx, record, GOLD_PROPERTY_VALUES.key, sums, AppTxn(BACKFILL, seq))
     # Stage 2's progress moves past the backfill's partials: the backfill added them to gold itself.
     # Recorded through the version read, so a stage 2 that committed since fails the replace.
+    _stage_2_at(ctx, gold.versions[STAGE_2])  # not moved since the snapshot
     merged = AppTxn(STAGE_2, parts_version)
-    if store.txn_version(GOLD_PROPERTY_VALUES, STAGE_2) != gold.versions[STAGE_2]:  # moved since the snapshot
-        raise CommitConflictError(f"stage 2 recorded progress in {GOLD_PROPERTY_VALUES.key} during the backfill")
     gold_version = store.replace(GOLD_PROPERTY_VALUES, sums, span.holds(), [merged], gold.table_version)
-    if store.txn_version(GOLD_PROPERTY_VALUES, STAGE_2) != parts_version:  # a write Delta skipped as done
-        raise CommitConflictError(f"stage 2 recorded progress in {GOLD_PROPERTY_VALUES.key} during the backfill")
+    _stage_2_at(ctx, parts_version)  # where the replace put it (not a write Delta skipped as done)
     versions = {"silver_version": silver_version, "partials_version": parts_version, "gold_version": gold_version}
     _figures(ctx, record, span, rules, previous, tuples.get or {}, versions)
+
+
+def _stage_2_at(ctx: Context, version: int | None) -> None:
+    """:class:`CommitConflictError` unless stage 2's progress in gold is at ``version``."""
+    if ctx.store.txn_version(GOLD_PROPERTY_VALUES, STAGE_2) != version:
+        raise CommitConflictError(f"stage 2 recorded progress in {GOLD_PROPERTY_VALUES.key} during the backfill")
+
+
+def summary(metrics: dict[str, float]) -> str:
+    """What a backfill changed, in a line: its event-log figures."""
+    n = {k: int(metrics.get(f"tuples_{k}", 0)) for k in ("changed", "removed", "added", "unchanged")}
+    changed = f"{n['changed']:,} tuples changed, {n['removed']:,} removed, {n['added']:,} added"
+    return f"{changed}, {n['unchanged']:,} as they were"
 
 
 def _can_recount(ctx: Context, span: WindowRange, rules: dict[str, Any], record: RunRecord) -> dict[str, Any] | None:
@@ -136,10 +147,10 @@ def _can_recount(ctx: Context, span: WindowRange, rules: dict[str, Any], record:
         return None
     earliest = earliest_window(store.least(SILVER_EVENTS, "event_time"), span.width)
     if earliest is None or span.first < earliest:
-        at = "nothing" if earliest is None else f"windows from {earliest:%Y-%m-%dT%H:%M:%SZ}"
+        at = "nothing" if earliest is None else f"windows from {iso(earliest)}"
         raise InputError(
             f"backfill gold {span}: silver holds {at}, so windows before it would lose their counts; "
-            + ("" if earliest is None else f"the earliest start it can do is {earliest:%Y-%m-%dT%H:%M:%SZ}")
+            + ("" if earliest is None else f"the earliest start it can do is {iso(earliest)}")
         )
     previous = _previous_rules(ctx)
     if previous.get("window") not in (None, rules["window"]):
@@ -172,8 +183,7 @@ def _figures(
     changed = {k: [previous.get(k), v] for k, v in rules.items() if previous and previous.get(k) != v}
     record.details = json.dumps(
         {
-            "from": f"{span.first:%Y-%m-%dT%H:%M:%SZ}",
-            "to": f"{span.end:%Y-%m-%dT%H:%M:%SZ}",
+            **span.bounds(),
             "rules": rules,
             "changed": changed if previous else "not known: no earlier run recorded its rules",
         },
@@ -181,11 +191,7 @@ def _figures(
     )
     record.rows_in = int(observed.get(COUNTED) or 0)
     record.rows_out = int(replaced.get("tuples_added", 0)) + int(replaced.get("tuples_changed", 0))
-    ctx.say(
-        f"backfill gold {span}: {replaced.get('tuples_changed', 0):,} tuples changed, "
-        f"{replaced.get('tuples_removed', 0):,} removed, {replaced.get('tuples_added', 0):,} added, "
-        f"{replaced.get('tuples_unchanged', 0):,} as they were"
-    )
+    ctx.say(f"backfill gold {span}: {summary(record.metrics)}")
 
 
 def _previous_rules(ctx: Context) -> dict[str, Any]:

@@ -234,12 +234,16 @@ class DeltaSparkStore(TableStore):
     def overwrite(self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = ()) -> int:
         return self._write(spec, data, txns, "overwrite")
 
-    def _write(self, spec: TableSpec, data: Data, txns: Sequence[AppTxn], mode: str) -> int:
+    def _write(
+        self, spec: TableSpec, data: Data, txns: Sequence[AppTxn], mode: str, replace_where: str | None = None
+    ) -> int:
         txn = one_txn(txns)
         df = self._df(spec, data)
         if spec.cluster_by:  # the table's layout: sorted in files of file_rows (an optimized write would shuffle)
             df = clustered(df, spec.partition_by, spec.cluster_by)
         writer = df.write.format("delta").mode(mode)
+        if replace_where is not None:
+            writer = writer.option("replaceWhere", replace_where)
         if spec.cluster_by:
             writer = writer.option("optimizeWrite", "false")
         if spec.file_rows:
@@ -247,7 +251,8 @@ class DeltaSparkStore(TableStore):
         if txn is not None:
             writer = writer.option("txnAppId", txn.app_id).option("txnVersion", txn.version)
             writer = writer.option("userMetadata", self.txns.metadata(spec, txn))
-        with session_confs(self.spark, layout_confs(spec)), self._conflicts(f"{mode} of {spec.key}"):
+        what = f"{mode} of {spec.key}" if replace_where is None else f"replace in {spec.key}"
+        with session_confs(self.spark, layout_confs(spec)), self._conflicts(what):
             self._save(spec, writer)
         return self._version(spec)
 
@@ -290,16 +295,11 @@ class DeltaSparkStore(TableStore):
         transaction per commit, so the others (guards) are checked, not recorded: read just before
         the write and again after it, a guard another writer moved since ``read_version`` fails the
         replace (after its commit, if it moved during the write: the caller's retry replaces again)."""
-        mine, guards = (txns[0], list(txns[1:])) if txns else (None, [])
+        mine, guards = list(txns[:1]), list(txns[1:])
         self._hold(spec, guards, read_version)
-        writer = self._df(spec, data).write.format("delta").mode("overwrite").option("replaceWhere", where)
-        if mine is not None:
-            writer = writer.option("txnAppId", mine.app_id).option("txnVersion", mine.version)
-            writer = writer.option("userMetadata", self.txns.metadata(spec, mine))
-        with session_confs(self.spark, layout_confs(spec)), self._conflicts(f"replace in {spec.key}"):
-            self._save(spec, writer)
+        version = self._write(spec, data, mine, "overwrite", replace_where=where)
         self._hold(spec, guards, read_version)
-        return self._version(spec)
+        return version
 
     def _hold(self, spec: TableSpec, guards: Sequence[AppTxn], since: int | None) -> None:
         """:class:`CommitConflictError` if a guard's app id is not at its version any more."""

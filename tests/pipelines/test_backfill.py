@@ -22,6 +22,7 @@ from pipelines.flows.checks import gold_frames
 from pipelines.runtime import backfill, ingest, passes
 from pipelines.runtime.backfill import backfill_gold
 from pipelines.runtime.eventlog import PIPELINE_EVENTS
+from pipelines.runtime.runner import Context
 from pipelines.runtime.tables import GOLD_PARTIALS, GOLD_PROPERTY_VALUES
 from tests.pipelines.test_export import clickhouse_state, event, gold_state, make_ctx, nonzero, pipeline, write
 
@@ -50,6 +51,20 @@ def expected(events: list[dict[str, Any]], excluded_in_range: set[str], excluded
                 continue
             counts[(e["team_id"], "event", key, value, window)] += 1
     return dict(counts)
+
+
+def counted_then_plan_excluded(spark: SparkSession, tmp_path: Path) -> Context:
+    """A lake that counted and exported STREAM, under the settings after the rule changed ("plan"
+    no longer counted)."""
+    pipeline(make_ctx(spark, tmp_path / "lake"), [write(tmp_path / "a.jsonl", STREAM)])
+    return make_ctx(spark, tmp_path / "lake", excluded_keys=["plan"])
+
+
+def another_run_counts(ctx: Context, tmp_path: Path, events: list[dict[str, Any]]) -> None:
+    """As another process running `run all` would: ``events`` landed, made silver and counted by stage 1."""
+    ingest.ingest_files(ctx, "events", [write(tmp_path / "late.jsonl", events)])
+    passes.silver_events(ctx)
+    passes.gold_partials(ctx)
 
 
 def last_backfill(ctx: Any) -> Any:
@@ -99,9 +114,7 @@ def test_a_key_excluded_then_backfilled_leaves_old_counts_outside_the_range_and_
 def test_a_backfill_killed_between_its_commits_is_finished_by_the_same_command(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ctx = make_ctx(spark, tmp_path / "lake")
-    pipeline(ctx, [write(tmp_path / "a.jsonl", STREAM)])
-    now = make_ctx(spark, tmp_path / "lake", excluded_keys=["plan"])
+    now = counted_then_plan_excluded(spark, tmp_path)
     replace = type(now.store).replace
 
     def dies_before_gold(self: Any, spec: Any, *args: Any, **kwargs: Any) -> int:
@@ -132,18 +145,14 @@ def test_a_backfill_killed_between_its_commits_is_finished_by_the_same_command(
 def test_a_run_that_commits_during_a_backfill_makes_it_start_over_and_nothing_is_counted_twice(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ctx = make_ctx(spark, tmp_path / "lake")
-    pipeline(ctx, [write(tmp_path / "a.jsonl", STREAM)])
-    now = make_ctx(spark, tmp_path / "lake", excluded_keys=["plan"])
+    now = counted_then_plan_excluded(spark, tmp_path)
     late = [event(900, second=70, props={"browser": "Firefox", "plan": "pro"})]
     replace, raced = type(now.store).replace, []
 
     def another_run_commits_first(self: Any, spec: Any, *args: Any, **kwargs: Any) -> int:
         if spec == GOLD_PARTIALS and not raced:  # another process lands and counts an event
             raced.append(True)
-            ingest.ingest_files(now, "events", [write(tmp_path / "late.jsonl", late)])
-            passes.silver_events(now)
-            passes.gold_partials(now)
+            another_run_counts(now, tmp_path, late)
         return replace(self, spec, *args, **kwargs)
 
     monkeypatch.setattr(type(now.store), "replace", another_run_commits_first)
@@ -174,9 +183,7 @@ def test_a_range_before_what_silver_holds_is_refused_and_one_without_windows_doe
 def test_the_command_recounts_the_range_and_says_what_changed(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ctx = make_ctx(spark, tmp_path / "lake")
-    pipeline(ctx, [write(tmp_path / "a.jsonl", STREAM)])
-    now = make_ctx(spark, tmp_path / "lake", excluded_keys=["plan"])  # as `--set gold.excluded_keys=plan` gives
+    now = counted_then_plan_excluded(spark, tmp_path)  # as `--set gold.excluded_keys=plan` gives
     monkeypatch.setattr("pipelines.app.cli.State.context", lambda self, validates=False: now)
     result = CliRunner().invoke(cli, ["backfill", "gold", "--from", "2024-06-01T00:01:00Z", "--to", "2024-06-01T00:02"])
     assert result.exit_code == 0, result.output
@@ -232,18 +239,14 @@ def test_a_backfill_that_keeps_meeting_another_run_stops_and_says_so(
 def test_partials_counted_during_a_backfill_after_its_own_are_added_once_by_stage_2(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ctx = make_ctx(spark, tmp_path / "lake")
-    pipeline(ctx, [write(tmp_path / "a.jsonl", STREAM)])
-    now = make_ctx(spark, tmp_path / "lake", excluded_keys=["plan"])
+    now = counted_then_plan_excluded(spark, tmp_path)
     late = [event(900, second=70, props={"browser": "Firefox", "plan": "pro"})]
     replace = type(now.store).replace
 
     def another_run_counts_right_after(self: Any, spec: Any, *args: Any, **kwargs: Any) -> int:
         version = replace(self, spec, *args, **kwargs)
         if spec == GOLD_PARTIALS:  # between the backfill's partials and its gold rows
-            ingest.ingest_files(now, "events", [write(tmp_path / "late.jsonl", late)])
-            passes.silver_events(now)
-            passes.gold_partials(now)
+            another_run_counts(now, tmp_path, late)
         return version
 
     monkeypatch.setattr(type(now.store), "replace", another_run_counts_right_after)

@@ -41,6 +41,7 @@ def backfill_gold(state: State, start: datetime, end: datetime) -> None:
     corrected), then export the corrections to ClickHouse. Windows outside the range are left as
     they are; runs after it count as always. Killed, the same command finishes it."""
     from pipelines.runtime.backfill import backfill_gold as run
+    from pipelines.runtime.backfill import summary
 
     if end <= start:
         raise click.BadParameter("--to must be after --from", param_hint="--to")
@@ -49,8 +50,4 @@ def backfill_gold(state: State, start: datetime, end: datetime) -> None:
     if record.status == "noop":
         console.print(f"{record.job}: nothing to do ({record.details})")
         return
-    console.print(
-        f"{record.job}: {int(m.get('windows', 0)):,} windows recounted: {int(m.get('tuples_changed', 0)):,} tuples "
-        f"changed, {int(m.get('tuples_removed', 0)):,} removed, {int(m.get('tuples_added', 0)):,} added, "
-        f"{int(m.get('tuples_unchanged', 0)):,} as they were"
-    )
+    console.print(f"{record.job}: {int(m.get('windows', 0)):,} windows recounted: {summary(m)}")
