@@ -44,7 +44,7 @@ def test_exactly_once_says_what_it_covers_and_what_it_does_not() -> None:
 
 def test_the_tables_page_lists_every_table() -> None:
     import pipelines.runtime.tables as tables
-    from pipelines.storage.base import TableSpec
+    from pipelines.storage.specs import TableSpec
 
     text = (DOCS / "tables.md").read_text()
     keys = sorted(v.key for v in vars(tables).values() if isinstance(v, TableSpec))

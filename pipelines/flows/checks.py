@@ -50,7 +50,7 @@ def gold_frames(store: TableStore, settings: Settings) -> Frames | None:
     fanned = store.txn_version(GOLD_PARTIALS, app_id(flow_names.GOLD_PARTIALS, SILVER_EVENTS))
     note = None
     if fanned is not None and merged is not None and merged == store.version(GOLD_PARTIALS):
-        events = store.read_inserted(SILVER_EVENTS, 0, fanned)
+        events = store.read_at(SILVER_EVENTS, fanned)  # as stage 1 had read it (a backfill replaces some)
         fanned_out = events.transform(fan_out(fanout_rules(settings), settings.bronze.number_notation))
         tuples = fanned_out.where("skip_reason IS NULL").count()
         figures["fanout_tuples"] = tuples

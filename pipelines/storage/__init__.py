@@ -5,18 +5,15 @@ from __future__ import annotations
 from pyspark.sql import SparkSession
 
 from pipelines.config.settings import Settings
-from pipelines.storage.base import (
+from pipelines.storage.base import AddedStats, Data, Predicate, TableStore
+from pipelines.storage.specs import (
     CHANGE_TYPE,
     COMMIT_TIMESTAMP,
     COMMIT_VERSION,
-    AddedStats,
     AppTxn,
-    Data,
     Greatest,
-    Predicate,
     TableSpec,
     TableStats,
-    TableStore,
     TxnSnapshot,
 )
 

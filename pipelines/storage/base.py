@@ -15,126 +15,40 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeAlias, TypeVar
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from pipelines.errors import StorageError
 from pipelines.storage.conform import conform
 from pipelines.storage.parquet_files import AddedStats, TableFiles
 from pipelines.storage.predicates import Predicate
+from pipelines.storage.specs import (
+    CHANGE_TYPE,
+    COMMIT_VERSION,
+    INSERTED,
+    STATS_COMMITS,
+    AppTxn,
+    Greatest,
+    TableSpec,
+    TableStats,
+    TxnSnapshot,
+    is_replace,
+)
 
 T = TypeVar("T")
 
-CDF_PROPERTY = "delta.enableChangeDataFeed"
-#: Off for a clustered table: delta-spark's compaction after a write would pack its files' ranges
-#: together (``maintain`` compacts it as it is laid out).
-AUTO_COMPACT_PROPERTY = "delta.autoOptimize.autoCompact"
-CHANGE_TYPE = "_change_type"
-COMMIT_VERSION = "_commit_version"
-COMMIT_TIMESTAMP = "_commit_timestamp"
-INSERTED = ("insert", "update_postimage")
-#: :meth:`TableStore.inserted_stats` reads at most this many commits' log files; a longer range
-#: (a job catching up) is bounded by a query of its rows instead.
-STATS_COMMITS = 32
-
 Data: TypeAlias = DataFrame | pa.Table
-
-
-@dataclass(frozen=True)
-class TableSpec:
-    """What a table is: where it lives in the lake, its schema, partitioning and properties."""
-
-    layer: str
-    name: str
-    schema: StructType
-    partition_by: tuple[str, ...] = ()
-    properties: Mapping[str, str] = field(default_factory=dict)
-    description: str = ""
-    #: Columns each partition's rows are written sorted by, in files of at most ``file_rows`` rows
-    #: (0: one file per writer task), so that each file holds a narrow range of them: a MERGE or
-    #: a read for some windows skips the others' files (and row groups) by their statistics, and a
-    #: MERGE rewrites a file of that range, not a partition whole. ``maintain`` keeps the layout.
-    cluster_by: tuple[str, ...] = ()
-    file_rows: int = 0
-    #: Columns each Parquet row group carries a Bloom filter of (:mod:`pipelines.storage.bloom`),
-    #: so that a read for a few of their values skips the row groups that hold none.
-    bloom_filter: tuple[str, ...] = ()
-
-    @property
-    def key(self) -> str:
-        return f"{self.layer}/{self.name}"
-
-    @property
-    def view_name(self) -> str:
-        return f"{self.layer.lstrip('_')}_{self.name}"
-
-    @property
-    def arrow_schema(self) -> pa.Schema:
-        return to_arrow_schema(self.schema, timezone="UTC")
-
-    def table_properties(self) -> dict[str, str]:
-        laid_out = {AUTO_COMPACT_PROPERTY: "false"} if self.cluster_by else {}
-        return {CDF_PROPERTY: "true", **laid_out, **self.properties}
-
-
-@dataclass(frozen=True)
-class AppTxn:
-    """An app transaction: ``app_id`` has processed everything up to ``version``. ``once``: an id
-    written once and never advanced (a landed file's content), which need not be carried forward."""
-
-    app_id: str
-    version: int
-    once: bool = False
-
-
-@dataclass(frozen=True)
-class Greatest:
-    """What a table's statistics bound a column by: ``value`` (None: the files hold no rows), as
-    of ``version`` (None: the table does not exist yet)."""
-
-    value: Any | None
-    version: int | None = None
-
-
-@dataclass(frozen=True)
-class TxnSnapshot:
-    """App-transaction versions as of one table version (the read version of a later write)."""
-
-    table_version: int
-    versions: Mapping[str, int | None]
-
-
-@dataclass(frozen=True)
-class TableStats:
-    key: str
-    version: int | None
-    rows: int
-    files: int
-    last_write: datetime | None
-    last_operation: str | None
-    #: The size of the current version's data files.
-    bytes: int = 0
 
 
 def windows_condition(column: str, after: datetime | None, values: Sequence[datetime]) -> Column:
     """``column`` later than ``after`` (None: never) or one of ``values`` (:meth:`TableStore.read_windows`)."""
     cond = F.col(column).isin(list(values)) if values else F.lit(False)
     return cond if after is None else cond | (F.col(column) > F.lit(after))
-
-
-def layout_bytes(spec: TableSpec, stats: TableStats) -> int | None:
-    """The size compaction cuts a clustered table's files at: ``file_rows`` rows at the bytes a row
-    takes in its files now; None where the table sets no file size (or holds no rows)."""
-    if not spec.file_rows or not stats.rows:
-        return None
-    return max(1, round(stats.bytes / stats.rows * spec.file_rows))
 
 
 class TableStore(ABC):
@@ -297,9 +211,29 @@ class TableStore(ABC):
         return None
 
     def read_inserted(self, spec: TableSpec, start_version: int, end_version: int | None = None) -> DataFrame:
-        """Rows added (inserted, or the new image of updated rows) in ``start..end``."""
+        """Rows that arrived (inserted, or the new image of updated rows) in ``start..end``: not
+        those a :meth:`replace` put in, which were computed again from rows that had arrived before
+        (a backfill's: it carries its range on to the tables downstream itself)."""
         changes = self.read_changes(spec, start_version, end_version)
-        return changes.where(changes[CHANGE_TYPE].isin(*INSERTED))
+        rows = changes.where(changes[CHANGE_TYPE].isin(*INSERTED))
+        replaced = self.replaces(spec, start_version, end_version)
+        return rows.where(~F.col(COMMIT_VERSION).isin(replaced)) if replaced else rows
+
+    def replaces(self, spec: TableSpec, start_version: int, end_version: int | None = None) -> list[int]:
+        """The versions in ``start..end`` whose commits are replaces (:meth:`replace`), from the
+        log's commit infos (one small file a commit; the history where the table is read by name)."""
+        latest = self.version(spec)
+        end = latest if end_version is None else end_version
+        if latest is None or end is None or start_version > end:
+            return []
+        if self.streams_commit_files(spec):
+            commits = self.files.commits(self.path(spec), start_version, end)
+            infos: list[tuple[int, Mapping[str, Any]]] = [
+                (v, next((a["commitInfo"] for a in actions if "commitInfo" in a), {})) for v, actions in commits
+            ]
+        else:  # newest first, one row per commit
+            infos = [(int(h["version"]), h) for h in self.history(spec, latest - start_version + 1)]
+        return sorted(v for v, info in infos if start_version <= v <= end and is_replace(info))
 
     def inserted_stats(self, spec: TableSpec, start_version: int, end_version: int) -> AddedStats | None:
         """What the statistics of the files commits ``start..end`` added say of the rows they

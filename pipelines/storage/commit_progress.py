@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pipelines.storage.base import TableSpec
+from pipelines.storage.specs import TableSpec
 
 PROGRESS_KEY = "medallion.txns"
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipelines.errors import StorageError
-from pipelines.storage.base import AppTxn, TableSpec
 from pipelines.storage.bloom import bloom_filter_confs
 from pipelines.storage.spark_sql import quote
+from pipelines.storage.specs import AppTxn, TableSpec
 
 TXN_APP_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"

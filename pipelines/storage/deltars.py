@@ -31,22 +31,12 @@ from pyspark.sql import functions as F
 
 from pipelines.errors import CommitConflictError, StorageError
 from pipelines.storage import deltars_changes, deltars_stats
-from pipelines.storage.base import (
-    AppTxn,
-    Data,
-    Greatest,
-    Predicate,
-    TableSpec,
-    TableStats,
-    TableStore,
-    TxnSnapshot,
-    layout_bytes,
-    windows_condition,
-)
+from pipelines.storage.base import Data, Predicate, TableStore, windows_condition
 from pipelines.storage.bloom import bloom_writer_properties
 from pipelines.storage.file_stats import MayHold, from_time, in_windows, kept_actions, kept_files, rows_since
 from pipelines.storage.parquet_files import DataFile, scan
 from pipelines.storage.predicates import predicate_sql
+from pipelines.storage.specs import AppTxn, Greatest, TableSpec, TableStats, TxnSnapshot, layout_bytes
 
 #: A MERGE source of at most this many rows is handed to delta-rs whole (a few MB in the driver),
 #: so that it prunes the target by the source's values; a larger one is streamed.

@@ -17,8 +17,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
-from pipelines.storage.base import CHANGE_TYPE, COMMIT_TIMESTAMP, COMMIT_VERSION, TableSpec
 from pipelines.storage.parquet_files import TableFiles, scan, with_file_columns
+from pipelines.storage.specs import CHANGE_TYPE, COMMIT_TIMESTAMP, COMMIT_VERSION, TableSpec
 
 CHANGE_FIELDS = [StructField(COMMIT_VERSION, LongType()), StructField(COMMIT_TIMESTAMP, TimestampType())]
 #: The files a change feed reads, by kind (``cdc``, ``insert``, ``delete``), each with its

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from pipelines.storage.base import Greatest, TableSpec, TableStats
+from pipelines.storage.specs import Greatest, TableSpec, TableStats
 
 
 def _holding_rows(actions: pa.Table) -> pa.Table:

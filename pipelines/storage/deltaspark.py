@@ -32,16 +32,7 @@ from pyspark.sql import functions as F
 
 from pipelines.config.spark import has_delta_classes, session_confs
 from pipelines.errors import CommitConflictError, EngineUnavailableError, StorageError
-from pipelines.storage.base import (
-    AppTxn,
-    Data,
-    Predicate,
-    TableSpec,
-    TableStats,
-    TableStore,
-    TxnSnapshot,
-    layout_bytes,
-)
+from pipelines.storage.base import Data, Predicate, TableStore
 from pipelines.storage.conform import clustered, conform_df
 from pipelines.storage.delta_confs import (
     TXN_APP_CONF,
@@ -56,6 +47,7 @@ from pipelines.storage.delta_log import jvm_delta_log
 from pipelines.storage.deltaspark_txns import SparkTxns
 from pipelines.storage.predicates import predicate_sql
 from pipelines.storage.spark_sql import column_ddl, is_delta_conflict, merge_sql, quote, sql_string
+from pipelines.storage.specs import AppTxn, TableSpec, TableStats, TxnSnapshot, layout_bytes
 
 #: How long ensure() waits for a table another task is creating to show its first version.
 ENSURE_WAIT_S = 30.0

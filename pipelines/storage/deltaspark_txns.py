@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 from pyspark.sql import DataFrame, SparkSession
 
 from pipelines.errors import StorageError
-from pipelines.storage.base import AppTxn, TableSpec
 from pipelines.storage.commit_progress import HistoryProgress, commit_metadata, sets
 from pipelines.storage.delta_log import JvmDeltaLog, PathTxns
+from pipelines.storage.specs import AppTxn, TableSpec
 
 #: Commits of history read for app transactions by name: more than any writer's span from its read
 #: to its commit (see :mod:`pipelines.storage.commit_progress`).

@@ -22,8 +22,8 @@ from pyspark.testing import assertDataFrameEqual
 from pipelines.config.settings import load_settings
 from pipelines.errors import CommitConflictError, InputError, StorageError
 from pipelines.storage import AddedStats, AppTxn, TableSpec, TableStore, open_store
-from pipelines.storage.base import STATS_COMMITS
 from pipelines.storage.deltaspark import DeltaSparkStore
+from pipelines.storage.specs import STATS_COMMITS
 
 SCHEMA = StructType(
     [

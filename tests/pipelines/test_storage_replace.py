@@ -74,3 +74,17 @@ def test_a_version_reads_back_as_it_was_and_the_least_value_is_the_tables(
     assertDataFrameEqual(store.read_at(SPEC, v1), rows(spark, [("a", 1, 5, T0)]))
     assert store.least(SPEC, "n") == 3
     assert store.least(SPEC, "ts") is not None
+
+
+def test_rows_a_replace_put_in_did_not_arrive_so_a_read_of_what_arrived_leaves_them_out(
+    store: TableStore, spark: SparkSession
+) -> None:
+    store.ensure(SPEC)
+    first = store.append(SPEC, rows(spark, [("a", 1, 1, T0), ("b", 1, 2, T0)]))
+    replaced = store.replace(SPEC, rows(spark, [("a", 1, 5, T0)]), "k = 'a'", [AppTxn("backfill", 1)])
+    last = store.append(SPEC, rows(spark, [("c", 2, 3, T0)]))
+    assert store.replaces(SPEC, first, last) == [replaced]
+    # What arrived: both appends' rows, not the replace's (nor the rows it removed).
+    arrived = store.read_inserted(SPEC, first, last).select("k", "n")
+    assertDataFrameEqual(arrived, spark.createDataFrame([("a", 1), ("b", 2), ("c", 3)], "k string, n long"))
+    assert store.replaces(SPEC, last, last) == []
