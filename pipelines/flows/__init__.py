@@ -18,7 +18,7 @@ from typing import Any
 
 from expectations.suites import CLICKHOUSE as CLICKHOUSE_TABLE
 from pipelines.errors import InputError
-from pipelines.flows import checks, clickhouse, counters, flow_names, gold, metric_windows, silver
+from pipelines.flows import checks, clickhouse, counters, flow_names, gold, metric_windows, page_changes, silver
 from pipelines.runtime.flow_types import Append, Export, Flow, Ingest, Merge, State, TableCheck
 from pipelines.runtime.tables import (
     BRONZE_EVENTS,
@@ -100,10 +100,10 @@ FLOWS: tuple[Flow[Any], ...] = (
         "silver",
         (BRONZE_PAGE_CHANGES,),
         (SILVER_PAGE_CHANGES, SILVER_PAGE_CHANGE_STATE),
-        State(silver.PAGE_CHANGE_STATE),
+        State(page_changes.PAGE_CHANGE_STATE),
         "bronze page changes -> one change per page per 5-minute window, in order",
-        transform=silver.page_changes,
-        config=silver.page_change_config,
+        transform=page_changes.page_changes,
+        config=page_changes.page_change_config,
         gated=(SILVER_PAGE_CHANGES.key,),
     ),
     Flow(

@@ -39,7 +39,7 @@ from gold.metric_windows import close_windows, finish, raw_rows
 from gold.property_values import WINDOW_START
 from pipelines.config import layers
 from pipelines.dev.bench.measure import Figure, timed, warm_up_first
-from pipelines.flows.silver import META_ID
+from pipelines.flows.page_changes import META_ID
 from pipelines.runtime.runner import Context
 from pipelines.runtime.tables import (
     BRONZE_EVENTS,
