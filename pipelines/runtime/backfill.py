@@ -25,6 +25,7 @@ finishes it.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -40,7 +41,7 @@ from pipelines.runtime import passes, quality
 from pipelines.runtime.eventlog import PIPELINE_EVENTS, RunRecord
 from pipelines.runtime.runner import Context, app_id, run_job
 from pipelines.runtime.tables import GOLD_PARTIALS, GOLD_PROPERTY_VALUES, SILVER_EVENTS
-from pipelines.storage import AppTxn
+from pipelines.storage import AppTxn, TableSpec
 
 JOB = "backfill.gold"
 #: The progress each replace is guarded by, and the backfill's own (numbered runs).
@@ -79,7 +80,9 @@ def _recount(ctx: Context, config: GoldConfig, span: WindowRange, record: RunRec
     previous = _can_recount(ctx, span, rules, record)
     if previous is None:
         return
-    # 1. Every partial merged: what gold holds is what stage 1 counted, up to its silver version.
+    # 1. Both stages caught up: what gold holds is what stage 1 counted, up to its silver version
+    # (past a silver backfill's replace, whose rows stage 1 leaves to this recount).
+    passes.gold_partials(ctx)
     passes.gold_merge(ctx)
     parts = store.txn_snapshot(GOLD_PARTIALS, [STAGE_1])
     gold = store.txn_snapshot(GOLD_PROPERTY_VALUES, [STAGE_2])
@@ -145,14 +148,26 @@ def _can_recount(ctx: Context, span: WindowRange, rules: dict[str, Any], record:
             )
         record.noop("gold has counted nothing yet: a first `run gold` counts every window")
         return None
-    earliest = earliest_window(store.least(SILVER_EVENTS, "event_time"), span.width)
+    check_held(ctx, "gold", span, SILVER_EVENTS, "event_time")
+    return counted_under(ctx, span, rules)
+
+
+def check_held(ctx: Context, layer: str, span: WindowRange, source: TableSpec, column: str) -> None:
+    """An :class:`InputError` where ``span`` starts before the earliest window ``source`` (what a
+    backfill of ``layer`` reads again) holds events of, by ``column``: naming the earliest start."""
+    earliest = earliest_window(ctx.store.least(source, column), span.width)
     if earliest is None or span.first < earliest:
         at = "nothing" if earliest is None else f"windows from {iso(earliest)}"
         raise InputError(
-            f"backfill gold {span}: silver holds {at}, so windows before it would lose their counts; "
+            f"backfill {layer} {span}: {source.key} holds {at}, so windows before it would lose their counts; "
             + ("" if earliest is None else f"the earliest start it can do is {iso(earliest)}")
         )
-    previous = _previous_rules(ctx)
+
+
+def counted_under(ctx: Context, span: WindowRange, rules: dict[str, Any]) -> dict[str, Any]:
+    """The rules gold last counted under (:func:`previous_rules`); an :class:`InputError` where
+    ``gold.window`` (in ``rules``, those in force) is not the width it counted in."""
+    previous = previous_rules(ctx, (JOB, flow_names.GOLD_PARTIALS))
     if previous.get("window") not in (None, rules["window"]):
         raise InputError(
             f"backfill gold {span}: gold.window is {rules['window']} but gold counted in windows of "
@@ -194,14 +209,14 @@ def _figures(
     ctx.say(f"backfill gold {span}: {summary(record.metrics)}")
 
 
-def _previous_rules(ctx: Context) -> dict[str, Any]:
-    """The rules gold last counted under, as its newest run that counted recorded them: stage 1's
-    or a backfill's (empty: none recorded any)."""
+def previous_rules(ctx: Context, jobs: Sequence[str]) -> dict[str, Any]:
+    """The rules a table was last made under, as the newest of ``jobs``' runs that recorded them
+    did (a flow's and its backfill's; empty: none recorded any)."""
     if not ctx.store.exists(PIPELINE_EVENTS):
         return {}
     last = (
         ctx.store.read(PIPELINE_EVENTS)
-        .where(F.col("job").isin(JOB, flow_names.GOLD_PARTIALS) & (F.col("status") == "ok"))
+        .where(F.col("job").isin(*jobs) & (F.col("status") == "ok"))
         .where(F.col("details").contains('"rules"'))
         .orderBy(F.col("started_at").desc())
         .select("details")

@@ -68,12 +68,16 @@ class Pipeline:
         return ingest_files(self.context, kind, [Path(p) for p in paths])
 
     def backfill(self, layer: str, start: datetime, end: datetime) -> RunRecord:
-        """Count the windows that start in [``start``, ``end``) again under the settings in force,
-        as ``medallion backfill LAYER --from --to`` (``gold``); the backfill's event-log record."""
+        """Make the windows that start in [``start``, ``end``) again under the settings in force,
+        as ``medallion backfill LAYER --from --to`` (``gold``, or ``silver``, which goes on to
+        gold); the event-log record of the backfill of ``layer`` (gold's follows silver's there)."""
         from pipelines.runtime.backfill import backfill_gold
+        from pipelines.runtime.backfill_silver import backfill_silver
 
+        if layer == "silver":
+            return backfill_silver(self.context, start, end)[0]
         if layer != "gold":
-            raise ValueError(f"backfill {layer!r}: only 'gold' is backfilled")
+            raise ValueError(f"backfill {layer!r}: 'gold' or 'silver' is backfilled")
         return backfill_gold(self.context, start, end)
 
     def table(self, name: str) -> DataFrame:

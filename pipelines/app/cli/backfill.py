@@ -31,9 +31,32 @@ def backfill() -> None:
     """Count a range of windows again after a rule changed, and correct ClickHouse once."""
 
 
+def _range(start: datetime, end: datetime) -> None:
+    if end <= start:
+        raise click.BadParameter("--to must be after --from", param_hint="--to")
+
+
+def _print(record: Any) -> None:
+    """A backfill's line: what it changed, or why it had nothing to do."""
+    from pipelines.runtime import backfill, backfill_silver
+
+    m = record.metrics
+    if record.status == "noop":
+        console.print(f"{record.job}: nothing to do ({record.details})")
+        return
+    what, line = (
+        ("recounted", backfill.summary(m)) if record.job == backfill.JOB else ("made again", backfill_silver.summary(m))
+    )
+    console.print(f"{record.job}: {int(m.get('windows', 0)):,} windows {what}: {line}")
+
+
+FROM = click.option("--from", "start", type=Instant(), required=True, help="The first window start to redo (UTC).")
+TO = click.option("--to", "end", type=Instant(), required=True, help="Windows that start before this (UTC).")
+
+
 @backfill.command("gold")
-@click.option("--from", "start", type=Instant(), required=True, help="The first window start to recount (UTC).")
-@click.option("--to", "end", type=Instant(), required=True, help="Windows that start before this (UTC).")
+@FROM
+@TO
 @click.pass_obj
 def backfill_gold(state: State, start: datetime, end: datetime) -> None:
     """Recount gold's windows that start in [--from, --to) from silver with the settings in force,
@@ -41,13 +64,23 @@ def backfill_gold(state: State, start: datetime, end: datetime) -> None:
     corrected), then export the corrections to ClickHouse. Windows outside the range are left as
     they are; runs after it count as always. Killed, the same command finishes it."""
     from pipelines.runtime.backfill import backfill_gold as run
-    from pipelines.runtime.backfill import summary
 
-    if end <= start:
-        raise click.BadParameter("--to must be after --from", param_hint="--to")
-    record = run(state.context(validates=True), start, end)
-    m = record.metrics
-    if record.status == "noop":
-        console.print(f"{record.job}: nothing to do ({record.details})")
-        return
-    console.print(f"{record.job}: {int(m.get('windows', 0)):,} windows recounted: {summary(m)}")
+    _range(start, end)
+    _print(run(state.context(validates=True), start, end))
+
+
+@backfill.command("silver")
+@FROM
+@TO
+@click.pass_obj
+def backfill_silver(state: State, start: datetime, end: datetime) -> None:
+    """Make silver's events of gold's windows that start in [--from, --to) again from bronze with
+    the settings in force (silver.dedup_horizon, the bucket mapping), replacing what silver holds
+    there, then recount those windows in gold and correct ClickHouse, as `backfill gold` does.
+    Page changes are not backfilled yet; counters keep what they counted. Killed, the same command
+    finishes it."""
+    from pipelines.runtime.backfill_silver import backfill_silver as run
+
+    _range(start, end)
+    for record in run(state.context(validates=True), start, end):
+        _print(record)

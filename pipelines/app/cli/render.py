@@ -167,7 +167,7 @@ def print_quality(ctx: Any) -> None:
 
 def print_backfills(ctx: Any, runs: int) -> None:
     """The latest backfills: each one's range, the rules that changed since the count before, and
-    the tuples it changed, removed, added and kept."""
+    the tuples (gold's) or events (silver's) it changed, removed, added and kept."""
     import json
 
     from pyspark.sql import functions as F
@@ -204,7 +204,12 @@ def print_backfills(ctx: Any, runs: int) -> None:
             row["status"] + (f": {row['error'] or row['details']}" if row["status"] != "ok" else ""),
             f"[{details['from']}, {details['to']})" if "from" in details else "",
             rules or "none",
-            *(f"{int(m.get(f'tuples_{k}', 0)):,}" for k in ("changed", "removed", "added", "unchanged")),
+            # gold's in tuples, silver's in events (which a backfill removes or adds, never changes)
+            *(
+                f"{int(m[f'{unit}_{k}']):,}" if f"{unit}_{k}" in m else ""
+                for unit in ("tuples" if "tuples_added" in m else "events",)
+                for k in ("changed", "removed", "added", "unchanged")
+            ),
         )
     console.print(t)
 
