@@ -82,6 +82,7 @@ def gated_write(
     params: Mapping[str, Any],
     figures: FlowRecord,
     least: Any = None,
+    read_version: int | None = None,
 ) -> int:
     """``out`` written into ``flow``'s target through its gate, in one pass where the suite
     allows (:func:`pipelines.runtime.quality.gate_in_write`): appended (or, for a MERGE whose
@@ -95,9 +96,11 @@ def gated_write(
         held = _append_instead(ctx, flow, out, buckets, figures, least)
         if held is None:  # a MERGE that reads its source more than once: validated from a cache
             source = gate_rows(ctx, record, target.key, figures.cache(out), txn, params)
-            return write(ctx, flow, source, txn, buckets, figures, least)
+            return write(ctx, flow, source, txn, buckets, figures, least, read_version=read_version)
     gated = quality.gate_in_write(ctx, record, target.key, out, txn, staged, **params)
-    return gated.write_staged(lambda rows, check: write(ctx, flow, rows, txn, buckets, figures, least, check))
+    return gated.write_staged(
+        lambda rows, check: write(ctx, flow, rows, txn, buckets, figures, least, check, read_version)
+    )
 
 
 def _added_rows(store: TableStore, inc: Increment | None) -> int | None:
@@ -142,10 +145,13 @@ def run_incremental(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
                 run = RunOptions(buckets, options.drain)
                 out = transform(Batch(rows, inc.start, inc.end, run, declared(ctx, flow), added), config, figures)
                 least = _least_added(flow, added)
+                # Committed through the version its progress was read at: a run of the same flow
+                # in another process that recorded progress since fails the commit (and retries).
+                at = inc.read_version
                 if target.key not in flow.gated:
-                    write(ctx, flow, out, inc.txn, buckets, figures, least)
+                    write(ctx, flow, out, inc.txn, buckets, figures, least, read_version=at)
                 else:  # checked as it is written, where the suite allows
-                    gated_write(ctx, record, flow, out, inc.txn, buckets, params, figures, least)
+                    gated_write(ctx, record, flow, out, inc.txn, buckets, params, figures, least, at)
                 if flow.figures is not None:
                     flow.figures(out, config, figures)
                 record.add(source_from=inc.start, source_to=inc.end)
@@ -172,7 +178,8 @@ def run_whole(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
         params: dict[str, Any] = {}
         figures = FlowRecord(record, ctx.say, _suite_params=params)
         try:
-            run = (ctx.store.txn_version(target, app) or 0) + 1
+            progress = ctx.store.txn_snapshot(target, [app])  # the run is numbered, and committed, from it
+            run = (progress.versions[app] or 0) + 1
             version = ctx.store.version(source) or 0
             batch = Batch(ctx.store.read(source), 0, version, RunOptions(None, options.drain), declared(ctx, flow))
             out = transform(batch, config, figures)
@@ -180,7 +187,7 @@ def run_whole(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
                 return
             if target.key in flow.gated:
                 out = gate_rows(ctx, record, target.key, out, AppTxn(app, run), params)
-            write(ctx, flow, out, AppTxn(app, run), None, figures)
+            write(ctx, flow, out, AppTxn(app, run), None, figures, read_version=progress.table_version)
             if flow.figures is not None:
                 flow.figures(out, config, figures)
             record.add(source_to=version)
@@ -199,6 +206,7 @@ def write(
     figures: FlowRecord | None = None,
     least: Any = None,
     before_commit: Callable[[], None] | None = None,
+    read_version: int | None = None,
 ) -> int:
     """``out`` into ``flow``'s target with the app transaction ``txn``: appended, or MERGEd (an
     empty MERGE may not commit, so then the progress is recorded alone; a source no target row
@@ -206,14 +214,16 @@ def write(
     may hold its :data:`MERGE_SOURCE` observation; ``least``: a lower bound of the source's
     ``appends_above`` column that its files' statistics gave). ``before_commit``: the gate's
     judgement, run between an append's files and its commit, or before a MERGE changes the
-    target (where the store can, ``checks_before_commit``). The new version."""
+    target (where the store can, ``checks_before_commit``); ``read_version``: the target's version
+    the progress was read at, which the commit is checked from (None: not checked). The new version."""
     target = flow.targets[0]
     if not isinstance(flow.write, Merge):
-        return ctx.store.append(target, out, [txn], before_commit=before_commit)
+        return ctx.store.append(target, out, [txn], read_version=read_version, before_commit=before_commit)
     held = _append_instead(ctx, flow, out, buckets, figures, least)
-    if held is not None:  # committed through the version the bound was read at
+    if held is not None:  # committed through the version the bound (or the progress) was read at
         log.info("%s: no row of %s can match, appended", flow.name, target.key)
-        return ctx.store.append(target, out, [txn], read_version=held.version, before_commit=before_commit)
+        at = min((v for v in (read_version, held.version) if v is not None), default=None)
+        return ctx.store.append(target, out, [txn], read_version=at, before_commit=before_commit)
     rules = flow.write.rules
     on = rules.on(buckets)
     if (column := rules.appends_above) is not None:
@@ -227,6 +237,7 @@ def write(
         update_when=rules.update_when,
         txns=[txn],
         before_commit=before_commit,
+        read_version=read_version,
     )
 
 

@@ -6,7 +6,7 @@ the flow's output, so a crash before that commit redoes the work and a crash aft
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -22,6 +22,9 @@ class Increment:
     start: int
     end: int
     app_id: str
+    #: The target's version the progress was read at (None: not known), which a write of the
+    #: increment commits through, so that another writer's progress since fails it.
+    read_version: int | None = None
 
     @property
     def txn(self) -> AppTxn:
@@ -34,7 +37,11 @@ class Increment:
 
 def pending(store: TableStore, source: TableSpec, target: TableSpec, app: str) -> Increment | None:
     """The source versions not yet recorded by ``app`` on ``target``, or None when up to date."""
-    return after(store, source, store.txn_version(target, app), app)
+    if store.version(target) is None:
+        return after(store, source, None, app)
+    progress = store.txn_snapshot(target, [app])
+    inc = after(store, source, progress.versions[app], app)
+    return None if inc is None else replace(inc, read_version=progress.table_version)
 
 
 def after(store: TableStore, source: TableSpec, done: int | None, app: str) -> Increment | None:

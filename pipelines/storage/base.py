@@ -127,9 +127,11 @@ class TableStore(ABC):
         txns: Sequence[AppTxn] = (),
         update_when: str | None = None,
         before_commit: Callable[[], None] | None = None,
+        read_version: int | None = None,
     ) -> int:
         """MERGE ``source`` (alias ``s``) into the table (alias ``t``) on ``on``: SQL text or a
-        Column, as Delta's API takes it (see :func:`predicate_sql`).
+        Column, as Delta's API takes it (see :func:`predicate_sql`). With ``read_version``, a writer
+        that recorded one of ``txns``' app ids since fails it, as :meth:`append`'s.
 
         ``update`` maps target columns to SQL expressions for matched rows (``None``: update all
         columns from the source); ``insert`` likewise for unmatched rows (``None``: insert all).

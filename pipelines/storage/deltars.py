@@ -221,14 +221,17 @@ class DeltaRsStore(TableStore):
         txns: Sequence[AppTxn] = (),
         update_when: str | None = None,
         before_commit: Callable[[], None] | None = None,
+        read_version: int | None = None,
     ) -> int:
+        # Merged through the snapshot at read_version: delta-rs checks the commits after it.
+        at = read_version
         on = predicate_sql(self.spark, on, spec.schema, source, standard=True)
         if isinstance(source, pa.Table):
             if before_commit is not None:
                 before_commit()
             if source.num_rows == 0:
-                return self._write_arrow(spec, spec.arrow_schema.empty_table(), txns, "append", None)
-            return self._merge(spec, source, on, update, insert, txns, update_when)
+                return self._write_arrow(spec, spec.arrow_schema.empty_table(), txns, "append", at)
+            return self._merge(spec, source, on, update, insert, txns, update_when, at)
         # The source (an aggregated batch) reaches delta-rs as a stream of Arrow batches staged
         # by Spark, so the driver holds one batch at a time, never the whole. A small source is
         # held whole instead: delta-rs then derives a pruning predicate from its values (which
@@ -245,11 +248,11 @@ class DeltaRsStore(TableStore):
                 rows += batch.num_rows
                 if rows > SMALL_MERGE_SOURCE_ROWS:
                     rest = pa.RecordBatchReader.from_batches(reader.schema, itertools.chain(head, reader))
-                    return self._merge(spec, rest, on, update, insert, txns, update_when)
+                    return self._merge(spec, rest, on, update, insert, txns, update_when, at)
             if rows == 0:
-                return self._write_arrow(spec, spec.arrow_schema.empty_table(), txns, "append", None)
+                return self._write_arrow(spec, spec.arrow_schema.empty_table(), txns, "append", at)
             whole = pa.Table.from_batches(head, schema=reader.schema)
-            return self._merge(spec, whole, on, update, insert, txns, update_when)
+            return self._merge(spec, whole, on, update, insert, txns, update_when, at)
 
     def _merge(
         self,
@@ -260,8 +263,9 @@ class DeltaRsStore(TableStore):
         insert: Mapping[str, str] | None,
         txns: Sequence[AppTxn],
         update_when: str | None,
+        read_version: int | None,
     ) -> int:
-        merger = self._table(spec).merge(
+        merger = self._table(spec, read_version).merge(
             source=source,
             predicate=on,
             source_alias="s",

@@ -32,6 +32,7 @@ from pyspark.sql import functions as F
 
 from pipelines.config.spark import has_delta_classes, session_confs
 from pipelines.errors import CommitConflictError, EngineUnavailableError, StorageError
+from pipelines.storage import deltaspark_guards
 from pipelines.storage.base import Data, Predicate, TableStore
 from pipelines.storage.conform import clustered, conform_df
 from pipelines.storage.delta_confs import (
@@ -218,9 +219,10 @@ class DeltaSparkStore(TableStore):
         read_version: int | None = None,
         before_commit: Callable[[], None] | None = None,
     ) -> int:
-        # A concurrent commit of the same app id fails in the write's own transaction (read_version
-        # adds nothing); Delta commits inside the write, so nothing can run before it (no before_commit).
+        # A commit of the same app id after the write's snapshot fails in its own transaction, one
+        # since read_version just before it; Delta commits inside the write (no before_commit).
         assert before_commit is None, "Delta on Spark commits inside its write (checks_before_commit)"
+        deltaspark_guards.unmoved(self, spec, txns, read_version)
         return self._write(spec, data, txns, "append")
 
     def overwrite(self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = ()) -> int:
@@ -265,8 +267,10 @@ class DeltaSparkStore(TableStore):
         txns: Sequence[AppTxn] = (),
         update_when: str | None = None,
         before_commit: Callable[[], None] | None = None,
+        read_version: int | None = None,
     ) -> int:
         assert before_commit is None, "Delta on Spark commits inside its MERGE (checks_before_commit)"
+        deltaspark_guards.unmoved(self, spec, txns, read_version)  # as append's
         on = predicate_sql(self.spark, on, spec.schema, source)
         src = source if isinstance(source, DataFrame) else self.to_spark(source)
         if src.isEmpty():  # an empty MERGE may not commit: the progress is recorded alone
@@ -288,16 +292,12 @@ class DeltaSparkStore(TableStore):
         the write and again after it, a guard another writer moved since ``read_version`` fails the
         replace (after its commit, if it moved during the write: the caller's retry replaces again)."""
         mine, guards = list(txns[:1]), list(txns[1:])
-        self._hold(spec, guards, read_version)
+        deltaspark_guards.hold(self, spec, guards, read_version)
         version = self._write(spec, data, mine, "overwrite", replace_where=where)
-        self._hold(spec, guards, read_version)
+        deltaspark_guards.hold(self, spec, guards, read_version)
+        if mine:
+            deltaspark_guards.written(self, spec, mine[0])
         return version
-
-    def _hold(self, spec: TableSpec, guards: Sequence[AppTxn], since: int | None) -> None:
-        """:class:`CommitConflictError` if a guard's app id is not at its version any more."""
-        moved = [g.app_id for g in guards if self.txn_version(spec, g.app_id) != g.version]
-        if moved:
-            raise CommitConflictError(f"{', '.join(moved)} recorded progress in {spec.key} since version {since}")
 
     def delete(self, spec: TableSpec, predicate: Predicate, txns: Sequence[AppTxn] = ()) -> int:
         predicate = predicate_sql(self.spark, predicate, spec.schema)

@@ -7,6 +7,13 @@ Each test starts Spark jobs on the session's Spark and the embedded ClickHouse (
 from __future__ import annotations
 
 import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,6 +23,7 @@ import pytest
 from click.testing import CliRunner
 from pyspark.sql import SparkSession
 
+from gold.backfill import iso
 from pipelines.app.cli import cli
 from pipelines.errors import CommitConflictError, InputError
 from pipelines.flows.checks import gold_frames
@@ -72,8 +80,11 @@ def last_backfill(ctx: Any) -> Any:
 
 
 def test_a_key_excluded_then_backfilled_leaves_old_counts_outside_the_range_and_new_ones_inside(
-    spark: SparkSession, tmp_path: Path, engine: str
+    spark: SparkSession, tmp_path: Path
 ) -> None:
+    """On delta-rs; a whole backfill on delta-spark is the test of a write Delta skipped (below),
+    and the storage contract runs replace, its guard and time travel on both engines."""
+    engine = "delta-rs"
     ctx = make_ctx(spark, tmp_path / "lake", engine)
     pipeline(ctx, [write(tmp_path / "a.jsonl", STREAM)])
     assert gold_state(ctx) == expected(STREAM, set())
@@ -257,3 +268,75 @@ def test_partials_counted_during_a_backfill_after_its_own_are_added_once_by_stag
     passes.export_property_values(now, drain=True)
     want = expected([*STREAM, *late], {"plan"})  # ... which adds it once, under the new rules
     assert gold_state(now) == want and nonzero(clickhouse_state(now)[0]) == want
+
+
+def test_on_delta_spark_a_gold_write_skipped_as_done_is_told_and_the_backfill_replaces_again(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, delta_spark: Any
+) -> None:
+    """Delta on Spark skips a write whose app transaction is not ahead of the table's: a stage 2 in
+    another process that records its progress through the backfill's partials just before gold's
+    replace leaves that replace unwritten. The backfill tells so and starts over."""
+    pipeline(make_ctx(spark, tmp_path / "lake", "delta-spark"), [write(tmp_path / "a.jsonl", STREAM)])
+    now = make_ctx(spark, tmp_path / "lake", "delta-spark", excluded_keys=["plan"])
+    store_type, raced = type(now.store), []
+    write_ = store_type._write
+
+    def stage_2_records_first(self: Any, spec: Any, data: Any, txns: Any, mode: str, **kwargs: Any) -> int:
+        if spec == GOLD_PROPERTY_VALUES and kwargs.get("replace_where") and not raced:
+            raced.append(True)  # the progress the replace records, committed alone, as stage 2 would
+            self.append(spec, spec.arrow_schema.empty_table(), list(txns))
+        return write_(self, spec, data, txns, mode, **kwargs)
+
+    monkeypatch.setattr(store_type, "_write", stage_2_records_first)
+    record = backfill_gold(now, FROM, TO)
+    monkeypatch.undo()
+    assert raced and record.metrics.get("conflict_retries", 0) >= 1
+    want = expected(STREAM, {"plan"})
+    assert gold_state(now) == want and nonzero(clickhouse_state(now)[0]) == want
+
+
+def commits(table: Path) -> int:
+    """How many commits a table's log holds (its files, as another process writes them)."""
+    return len(list((table / "_delta_log").glob("*.json")))
+
+
+# Starts a JVM: `medallion backfill gold` in a process of its own, which the test kills.
+@pytest.mark.slow(seconds=90)
+def test_a_backfill_killed_with_sigkill_at_a_random_moment_is_finished_by_the_same_command(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    counted_then_plan_excluded(spark, tmp_path)
+    lake = tmp_path / "killed"  # a copy: this process never opened its ClickHouse
+    shutil.copytree(tmp_path / "lake", lake, symlinks=True)  # chdb links databases to their store
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEDALLION_")}
+    env |= {
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")]),
+        "MEDALLION_LAKE_ROOT": str(lake),
+        "MEDALLION_GOLD__WINDOW": "30s",
+        "MEDALLION_GOLD__GRACE": "60s",
+        "MEDALLION_GOLD__EXCLUDED_KEYS": '["plan"]',
+    }
+    command = [sys.executable, "-m", "pipelines.app.cli", "backfill", "gold", "--from", iso(FROM), "--to", iso(TO)]
+    partials = lake / GOLD_PARTIALS.layer / GOLD_PARTIALS.name
+    before = commits(partials)
+    proc = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300  # a hang guard: the JVM starting, then the recount
+        while commits(partials) == before and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # Any moment from its first commit on: between its commits, in one, or in the export.
+        time.sleep(random.uniform(0, 2.0))
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        out = proc.communicate(timeout=60)[0]
+    assert commits(partials) > before, out.decode(errors="replace")[-3000:]
+    again = make_ctx(spark, lake, excluded_keys=["plan"])  # the same command, run again
+    backfill_gold(again, FROM, TO)
+    want = expected(STREAM, {"plan"})
+    assert gold_state(again) == want and nonzero(clickhouse_state(again)[0]) == want
+    frames = gold_frames(again.store, again.settings)
+    assert frames is not None
+    figures = frames[1].first()
+    assert figures["gold_count_sum"] == figures["partial_count_sum"] == sum(want.values())
