@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 from pyspark.sql import SparkSession
 
+from gold.backfill import iso
 from pipelines.app.cli import cli
 from pipelines.config.settings import load_settings
 from pipelines.errors import InputError
@@ -83,47 +84,13 @@ def silver_uuids(ctx: Context) -> Counter[str]:
 
 
 def test_a_horizon_set_then_backfilled_keeps_every_copy_outside_the_range_and_one_inside(
-    spark: SparkSession, tmp_path: Path
-) -> None:
-    """On delta-rs (the storage contract, on both engines, holds what this relies on: a replace,
-    its guard, and that a read of what arrived leaves a replace's rows out)."""
-    now = counted_with_every_copy_then_horizon_set(spark, tmp_path)
-    silver_record, gold_record = backfill_silver(now, FROM, TO)
-    landed = [*STREAM, *RESENT]
-    want = expected(landed)
-    # Silver: the range's events once each, the copies outside it (events 0-4) as they were.
-    assert silver_uuids(now) == Counter({e["uuid"]: 2 if int(e["uuid"][-8:]) < 5 else 1 for e in STREAM})
-    assert gold_state(now) == want
-    assert nonzero(clickhouse_state(now)[0]) == want
-    m = silver_record.metrics
-    assert (m["windows"], m["bronze_events"], m["events_removed"], m["events_added"], m["events_unchanged"]) == (
-        2,
-        40,
-        20,
-        0,
-        20,
-    )
-    assert json.loads(silver_record.details)["changed"] == {"dedup_horizon": ["0:00:00", "1:00:00"]}
-    assert gold_record.job == "backfill.gold" and gold_record.metrics["tuples_changed"] == 6  # 3 tuples x 2 windows
-    # Gold still sums its partials, and stage 1 fanned out silver as it now is.
-    frames = gold_frames(now.store, now.settings)
-    assert frames is not None
-    figures = frames[1].first()
-    assert figures["gold_count_sum"] == figures["partial_count_sum"] == figures["fanout_tuples"] == sum(want.values())
-    # Runs after it make and count as always, under the horizon in force: a copy of event 25 (in
-    # the range) is dropped, a new event in the range counted, and so is a copy of event 2 (its
-    # first copies were made under no horizon: silver holds it, so this one is a repeat too).
-    late = [STREAM[25], STREAM[2], event(900, second=65)]
-    pipeline(now, [write(tmp_path / "late.jsonl", late)])
-    want = expected(landed, late)
-    assert gold_state(now) == want
-    assert nonzero(clickhouse_state(now)[0]) == want
-
-
-def test_killed_between_silver_and_gold_the_runs_meanwhile_count_nothing_twice_and_the_command_finishes(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """On delta-rs (the storage contract, on both engines, holds what this relies on: a replace,
+    its guard, and that a read of what arrived leaves a replace's rows out). Killed between silver
+    and gold, a `run all` meanwhile, then the command again; its refusals last."""
     now = counted_with_every_copy_then_horizon_set(spark, tmp_path)
+    landed = [*STREAM, *RESENT]
     before = gold_state(now)
 
     def killed(*_: Any) -> None:
@@ -133,31 +100,37 @@ def test_killed_between_silver_and_gold_the_runs_meanwhile_count_nothing_twice_a
     with pytest.raises(SystemExit):
         backfill_silver(now, FROM, TO)
     monkeypatch.undo()
+    # Silver: the range's events once each, the copies outside it (events 0-4) as they were.
+    once_in_range = Counter({e["uuid"]: 2 if int(e["uuid"][-8:]) < 5 else 1 for e in STREAM})
+    assert silver_uuids(now) == once_in_range
     # A `run all` in between: stage 1 leaves the replace's rows alone (they did not arrive), so
     # gold keeps the counts it had, and so does ClickHouse.
     pipeline(now, [])
     assert gold_state(now) == before == nonzero(clickhouse_state(now)[0])
-    backfill_silver(now, FROM, TO)  # the same command again
-    want = expected([*STREAM, *RESENT])
-    assert gold_state(now) == want == nonzero(clickhouse_state(now)[0])
-    assert silver_uuids(now) == Counter({e["uuid"]: 2 if int(e["uuid"][-8:]) < 5 else 1 for e in STREAM})
-
-
-def test_the_command_says_what_it_did_status_shows_it_a_range_before_bronze_is_refused_one_without_windows_does_nothing(
-    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    now = counted_with_every_copy_then_horizon_set(spark, tmp_path)
+    # The same command again: silver is as the first made it, gold and ClickHouse follow.
     monkeypatch.setattr("pipelines.app.cli.State.context", lambda self, validates=False: now)
-    result = CliRunner().invoke(
-        cli, ["backfill", "silver", "--from", "2024-06-01T00:01:00Z", "--to", "2024-06-01T00:02"]
-    )
+    result = CliRunner().invoke(cli, ["backfill", "silver", "--from", iso(FROM), "--to", "2024-06-01T00:02"])
     assert result.exit_code == 0, result.output
-    assert "backfill.silver: 2 windows made again: 20 events removed, 0 added, 20 as they were" in result.output
+    assert "backfill.silver: 2 windows made again: 0 events removed, 0 added, 20 as they were" in result.output
     assert "backfill.gold: 2 windows recounted: 6 tuples changed, 0 removed, 0 added, 0 as they were" in result.output
+    want = expected(landed)
+    assert silver_uuids(now) == once_in_range
+    assert gold_state(now) == want == nonzero(clickhouse_state(now)[0])
+    # The event log: the first run's figures and the rule it changed; the second's, none.
+    log = now.store.read(PIPELINE_EVENTS).where("job = 'backfill.silver'").orderBy("started_at").collect()
+    figures = [
+        tuple(
+            int(r["metrics"][k])
+            for k in ("windows", "bronze_events", "events_removed", "events_added", "events_unchanged")
+        )
+        for r in log
+    ]
+    assert figures == [(2, 40, 20, 0, 20), (2, 40, 0, 0, 20)]
+    assert [json.loads(r["details"])["changed"] for r in log] == [{"dedup_horizon": ["0:00:00", "1:00:00"]}, {}]
     shown = CliRunner().invoke(cli, ["status"], terminal_width=300)
     assert shown.exit_code == 0, shown.output
     backfills = shown.output[shown.output.index("Backfills") :].splitlines()
-    row = next(line for line in backfills if "backfill.silver" in line)
+    row = next(line for line in backfills if "backfill.silver" in line and "1:00:00" in line)
     cells = [c.strip() for c in row.split("│")[1:-1]]
     assert cells[1:] == [
         "backfill.silver",
@@ -169,7 +142,19 @@ def test_the_command_says_what_it_did_status_shows_it_a_range_before_bronze_is_r
         "0",
         "20",
     ]
-    assert now.store.read(PIPELINE_EVENTS).where("job = 'backfill.silver' AND status = 'ok'").count() == 1
+    # Gold still sums its partials, and stage 1 fanned out silver as it now is.
+    frames = gold_frames(now.store, now.settings)
+    assert frames is not None
+    sums = frames[1].first()
+    assert sums["gold_count_sum"] == sums["partial_count_sum"] == sums["fanout_tuples"] == sum(want.values())
+    # Runs after it make and count as always, under the horizon in force: a copy of event 25 (in
+    # the range) is dropped, a new event in the range counted, and so is a copy of event 2 (its
+    # first copies were made under no horizon: silver holds it, so this one is a repeat too).
+    late = [STREAM[25], STREAM[2], event(900, second=65)]
+    pipeline(now, [write(tmp_path / "late.jsonl", late)])
+    want = expected(landed, late)
+    assert gold_state(now) == want == nonzero(clickhouse_state(now)[0])
+    # A range before what bronze holds is refused before any write; one with no window does nothing.
     version = now.store.version(SILVER_EVENTS)
     with pytest.raises(InputError, match="the earliest start it can do is 2024-06-01T00:00:00Z"):
         backfill_silver(now, MIDNIGHT - (TO - FROM), TO)

@@ -30,10 +30,20 @@ def other_process(ctx: Context) -> Context:
     return Context(settings=ctx.settings, spark=ctx.spark, store=open_store(ctx.settings, ctx.spark), say=ctx.say)
 
 
-@pytest.mark.parametrize("stage", ["gold.partials", "gold.merge"])
+# An append and a MERGE on delta-rs; on delta-spark both check the same way before the write.
+@pytest.mark.parametrize(
+    ("engine", "stage"), [("delta-rs", "gold.partials"), ("delta-rs", "gold.merge"), ("delta-spark", "gold.merge")]
+)
 def test_a_stage_another_process_ran_meanwhile_commits_nothing_twice(
-    spark: SparkSession, tmp_path: Path, engine: str, stage: str, monkeypatch: pytest.MonkeyPatch
+    spark: SparkSession,
+    tmp_path: Path,
+    engine: str,
+    stage: str,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> None:
+    if engine == "delta-spark":
+        request.getfixturevalue("delta_spark")  # the Delta jars, or a skip that says how to add them
     ctx = make_ctx(spark, tmp_path / "lake", engine)
     ingest.ingest_files(ctx, "events", [write(tmp_path / "a.jsonl", STREAM)])
     passes.silver_events(ctx)
