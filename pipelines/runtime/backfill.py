@@ -3,8 +3,9 @@ in force, and ClickHouse corrected, exactly once.
 
 What a backfill does, in order, each step safe to repeat:
 
-1. Stage 2 catches up with the partials stage 1 wrote (a pass of ``gold.merge``), so every partial
-   gold holds came from silver up to the version stage 1 recorded (``S``), and no partial waits.
+1. Both stages catch up (a pass of ``gold.partials``, then of ``gold.merge``), so every partial
+   gold holds came from silver up to the version stage 1 recorded (``S``), and no partial waits;
+   ``S`` is past a silver backfill's replace, whose rows stage 1 leaves to this recount.
 2. Silver as of ``S`` (time travel: rows landed after ``S`` are stage 1's to count, later) is fanned
    out again for the range's events; the partials of the range are replaced by those counts, their
    batches marked as a backfill's (:func:`gold.backfill.marked`: stage 2 never adds them).
@@ -141,15 +142,21 @@ def _can_recount(ctx: Context, span: WindowRange, rules: dict[str, Any], record:
         return None
     for spec in (SILVER_EVENTS, GOLD_PARTIALS, GOLD_PROPERTY_VALUES):
         store.ensure(spec)
-    if store.txn_version(GOLD_PARTIALS, STAGE_1) is None:
-        if store.stats(GOLD_PARTIALS).rows:  # counted, by runs over bucket sets: a progress per set
-            raise InputError(
-                "backfill gold: this lake runs gold per bucket (`--bucket`), which backfills do not do yet"
-            )
+    if not has_counted(ctx):
         record.noop("gold has counted nothing yet: a first `run gold` counts every window")
         return None
     check_held(ctx, "gold", span, SILVER_EVENTS, "event_time")
     return counted_under(ctx, span, rules)
+
+
+def has_counted(ctx: Context) -> bool:
+    """Whether gold's stage 1 has counted (its tables ensured); an :class:`InputError` where it
+    counted per bucket (`--bucket`: a progress per bucket set), which backfills do not recount."""
+    if ctx.store.txn_version(GOLD_PARTIALS, STAGE_1) is not None:
+        return True
+    if ctx.store.stats(GOLD_PARTIALS).rows:
+        raise InputError("backfill gold: this lake runs gold per bucket (`--bucket`), which backfills do not do yet")
+    return False
 
 
 def check_held(ctx: Context, layer: str, span: WindowRange, source: TableSpec, column: str) -> None:

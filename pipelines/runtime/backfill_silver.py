@@ -37,10 +37,10 @@ from pipelines.flows import flow_names
 from pipelines.flows.gold import counting_rules, gold_config
 from pipelines.flows.silver import SilverConfig, silver_config, silver_rules
 from pipelines.runtime import passes, quality
-from pipelines.runtime.backfill import backfill_gold, check_held, counted_under, previous_rules
+from pipelines.runtime.backfill import backfill_gold, check_held, counted_under, has_counted, previous_rules
 from pipelines.runtime.eventlog import RunRecord
 from pipelines.runtime.runner import Context, app_id, run_job
-from pipelines.runtime.tables import BRONZE_EVENTS, SILVER_EVENTS
+from pipelines.runtime.tables import BRONZE_EVENTS, GOLD_PARTIALS, GOLD_PROPERTY_VALUES, SILVER_EVENTS
 from pipelines.storage import AppTxn
 from silver.backfill import events_again, replaced_events
 
@@ -149,6 +149,10 @@ def _can_replace(ctx: Context, span: WindowRange, record: RunRecord) -> dict[str
         record.noop("silver holds nothing yet: a first `run silver` makes every event")
         return None
     check_held(ctx, "silver", span, BRONZE_EVENTS, "timestamp")
-    # Gold's width must be the one it counted in: the range goes on to gold, which refuses otherwise.
+    # The range goes on to gold: what gold's backfill would refuse (a lake counted per bucket, a
+    # changed gold.window) is refused before silver changes.
+    for spec in (GOLD_PARTIALS, GOLD_PROPERTY_VALUES):
+        store.ensure(spec)
+    has_counted(ctx)
     counted_under(ctx, span, counting_rules(gold_config(ctx.settings)))
     return previous_rules(ctx, (JOB, flow_names.SILVER_EVENTS))
