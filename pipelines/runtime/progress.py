@@ -37,11 +37,13 @@ class Increment:
 
 def pending(store: TableStore, source: TableSpec, target: TableSpec, app: str) -> Increment | None:
     """The source versions not yet recorded by ``app`` on ``target``, or None when up to date."""
-    if store.version(target) is None:
+    # The version first: a commit between the two reads makes the write's check from it fail (a
+    # retry reads both again), never pass a commit it did not see.
+    read_version = store.version(target)
+    if read_version is None:
         return after(store, source, None, app)
-    progress = store.txn_snapshot(target, [app])
-    inc = after(store, source, progress.versions[app], app)
-    return None if inc is None else replace(inc, read_version=progress.table_version)
+    inc = after(store, source, store.txn_version(target, app), app)
+    return None if inc is None else replace(inc, read_version=read_version)
 
 
 def after(store: TableStore, source: TableSpec, done: int | None, app: str) -> Increment | None:

@@ -222,7 +222,7 @@ class DeltaSparkStore(TableStore):
         # A commit of the same app id after the write's snapshot fails in its own transaction, one
         # since read_version just before it; Delta commits inside the write (no before_commit).
         assert before_commit is None, "Delta on Spark commits inside its write (checks_before_commit)"
-        deltaspark_guards.unmoved(self, spec, txns, read_version)
+        deltaspark_guards.unmoved(self, self.txns, spec, txns, read_version)
         return self._write(spec, data, txns, "append")
 
     def overwrite(self, spec: TableSpec, data: Data, txns: Sequence[AppTxn] = ()) -> int:
@@ -270,7 +270,7 @@ class DeltaSparkStore(TableStore):
         read_version: int | None = None,
     ) -> int:
         assert before_commit is None, "Delta on Spark commits inside its MERGE (checks_before_commit)"
-        deltaspark_guards.unmoved(self, spec, txns, read_version)  # as append's
+        deltaspark_guards.unmoved(self, self.txns, spec, txns, read_version)  # as append's
         on = predicate_sql(self.spark, on, spec.schema, source)
         src = source if isinstance(source, DataFrame) else self.to_spark(source)
         if src.isEmpty():  # an empty MERGE may not commit: the progress is recorded alone

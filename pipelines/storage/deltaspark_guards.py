@@ -7,32 +7,30 @@ skipped as done (another writer recorded the same progress first) is told from o
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from pipelines.errors import CommitConflictError, StorageError
+from pipelines.storage.base import TableStore
+from pipelines.storage.deltaspark_txns import SparkTxns
 from pipelines.storage.specs import AppTxn, TableSpec
 
-if TYPE_CHECKING:
-    from pipelines.storage.deltaspark import DeltaSparkStore
 
-
-def unmoved(store: DeltaSparkStore, spec: TableSpec, txns: Sequence[AppTxn], since: int | None) -> None:
+def unmoved(store: TableStore, read: SparkTxns, spec: TableSpec, txns: Sequence[AppTxn], since: int | None) -> None:
     """:class:`CommitConflictError` if a writer recorded one of ``txns``' app ids after table
-    version ``since`` (None: no check)."""
+    version ``since`` (None: no check); ``read``: the store's app transactions, at any version."""
     if since is None or not txns:
         return
     ids = [t.app_id for t in txns]
-    then, now = store.txns.at(spec, since, ids), store.txn_versions(spec, ids)
+    then, now = read.at(spec, since, ids), {a: store.txn_version(spec, a) for a in ids}
     _moved(spec, [a for a in ids if then[a] != now[a]], since)
 
 
-def hold(store: DeltaSparkStore, spec: TableSpec, guards: Sequence[AppTxn], since: int | None) -> None:
+def hold(store: TableStore, spec: TableSpec, guards: Sequence[AppTxn], since: int | None) -> None:
     """:class:`CommitConflictError` if a guard's app id is not at its version any more (another
     writer's progress, read at table version ``since``)."""
     _moved(spec, [g.app_id for g in guards if store.txn_version(spec, g.app_id) != g.version], since)
 
 
-def written(store: DeltaSparkStore, spec: TableSpec, txn: AppTxn) -> None:
+def written(store: TableStore, spec: TableSpec, txn: AppTxn) -> None:
     """:class:`CommitConflictError` unless the newest commit that records ``txn`` is a replace:
     Delta skips a write whose app transaction is not ahead of the table's, so another writer's
     commit of the same progress first leaves this one's rows unwritten."""
