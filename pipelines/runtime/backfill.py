@@ -26,7 +26,7 @@ finishes it.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -58,20 +58,38 @@ def backfill_gold(ctx: Context, start: datetime, end: datetime) -> RunRecord:
     config = gold_config(ctx.settings)
     span = window_range(start, end, config.window)
 
-    def body(record: RunRecord) -> None:
-        _recount(ctx, config, span, record)
-
-    try:
-        record = run_job(ctx, JOB, body)
-    except CommitConflictError as exc:
-        raise CommitConflictError(
-            f"backfill gold {span}: another run kept committing to gold while the backfill ran, so it stopped; "
-            f"nothing was counted twice: run it again once that run is idle ({exc})"
-        ) from exc
+    record = run_backfill(ctx, "gold", span, lambda record: _recount(ctx, config, span, record))
     if record.status == "ok":
         ctx.say(f"backfill: exporting the corrections of {span}")
         passes.export_property_values(ctx)
     return record
+
+
+def run_backfill(ctx: Context, layer: str, span: WindowRange, body: Callable[[RunRecord], None]) -> RunRecord:
+    """``body`` run as ``backfill.<layer>`` (:func:`~pipelines.runtime.runner.run_job`: its
+    conflict retries and event-log row); a :class:`CommitConflictError` that says what to do where
+    another run kept committing through every retry."""
+    try:
+        return run_job(ctx, f"backfill.{layer}", body)
+    except CommitConflictError as exc:
+        raise CommitConflictError(
+            f"backfill {layer} {span}: another run kept committing to {layer} while the backfill ran, so it "
+            f"stopped; nothing was counted twice: run it again once that run is idle ({exc})"
+        ) from exc
+
+
+def describe(record: RunRecord, span: WindowRange, rules: dict[str, Any], previous: dict[str, Any]) -> None:
+    """A backfill's details in its event-log row: its range, the ``rules`` it ran under and those
+    that differ from ``previous``, the rules the table was last made under (empty: not known)."""
+    changed = {k: [previous.get(k), v] for k, v in rules.items() if previous and previous.get(k) != v}
+    record.details = json.dumps(
+        {
+            **span.bounds(),
+            "rules": rules,
+            "changed": changed if previous else "not known: no earlier run recorded its rules",
+        },
+        default=str,
+    )
 
 
 def _recount(ctx: Context, config: GoldConfig, span: WindowRange, record: RunRecord) -> None:
@@ -151,11 +169,20 @@ def _can_recount(ctx: Context, span: WindowRange, rules: dict[str, Any], record:
 
 def has_counted(ctx: Context) -> bool:
     """Whether gold's stage 1 has counted (its tables ensured); an :class:`InputError` where it
-    counted per bucket (`--bucket`: a progress per bucket set), which backfills do not recount."""
-    if ctx.store.txn_version(GOLD_PARTIALS, STAGE_1) is not None:
+    counted per bucket, which backfills do not recount (:func:`has_made`)."""
+    return has_made(ctx, "gold", GOLD_PARTIALS, STAGE_1)
+
+
+def has_made(ctx: Context, layer: str, spec: TableSpec, app: str) -> bool:
+    """Whether the flow ``app`` has written ``spec`` (ensured) over every bucket; an
+    :class:`InputError` where it wrote it per bucket (`--bucket`: a progress per bucket set, none
+    under ``app``), which backfills do not do."""
+    if ctx.store.txn_version(spec, app) is not None:
         return True
-    if ctx.store.stats(GOLD_PARTIALS).rows:
-        raise InputError("backfill gold: this lake runs gold per bucket (`--bucket`), which backfills do not do yet")
+    if ctx.store.stats(spec).rows:
+        raise InputError(
+            f"backfill {layer}: this lake runs {layer} per bucket (`--bucket`), which backfills do not do yet"
+        )
     return False
 
 
@@ -202,15 +229,7 @@ def _figures(
     skipped = {f"skipped.{r}": int(observed.get(r) or 0) for r in SKIP_REASONS if observed.get(r)}
     record.add(windows=span.windows, tuples=int(observed.get(COUNTED) or 0), **replaced, **skipped)
     record.add(**versions)
-    changed = {k: [previous.get(k), v] for k, v in rules.items() if previous and previous.get(k) != v}
-    record.details = json.dumps(
-        {
-            **span.bounds(),
-            "rules": rules,
-            "changed": changed if previous else "not known: no earlier run recorded its rules",
-        },
-        default=str,
-    )
+    describe(record, span, rules, previous)
     record.rows_in = int(observed.get(COUNTED) or 0)
     record.rows_out = int(replaced.get("tuples_added", 0)) + int(replaced.get("tuples_changed", 0))
     ctx.say(f"backfill gold {span}: {summary(record.metrics)}")

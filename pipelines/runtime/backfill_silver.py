@@ -29,14 +29,23 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from gold.backfill import WindowRange, window_range
-from pipelines.errors import CommitConflictError, InputError
+from pipelines.errors import CommitConflictError
 from pipelines.flows import flow_names
 from pipelines.flows.gold import counting_rules, gold_config
 from pipelines.flows.silver import SilverConfig, silver_config, silver_rules
 from pipelines.runtime import passes, quality
-from pipelines.runtime.backfill import backfill_gold, check_held, counted_under, has_counted, previous_rules
+from pipelines.runtime.backfill import (
+    backfill_gold,
+    check_held,
+    counted_under,
+    describe,
+    has_counted,
+    has_made,
+    previous_rules,
+    run_backfill,
+)
 from pipelines.runtime.eventlog import RunRecord
-from pipelines.runtime.runner import Context, app_id, run_job
+from pipelines.runtime.runner import Context, app_id
 from pipelines.runtime.tables import BRONZE_EVENTS, GOLD_PARTIALS, GOLD_PROPERTY_VALUES, SILVER_EVENTS
 from pipelines.storage import AppTxn
 from silver.backfill import events_again, replaced_events
@@ -54,16 +63,7 @@ def backfill_silver(ctx: Context, start: datetime, end: datetime) -> list[RunRec
     span = window_range(start, end, ctx.settings.gold.window)  # gold's windows: the range goes on whole
     config = silver_config(ctx.settings)
 
-    def body(record: RunRecord) -> None:
-        _replace(ctx, config, span, record)
-
-    try:
-        record = run_job(ctx, JOB, body)
-    except CommitConflictError as exc:
-        raise CommitConflictError(
-            f"backfill silver {span}: another run kept committing to silver while the backfill ran, so it stopped; "
-            f"nothing was written twice: run it again once that run is idle ({exc})"
-        ) from exc
+    record = run_backfill(ctx, "silver", span, lambda record: _replace(ctx, config, span, record))
     if record.status != "ok":
         return [record]
     ctx.say(f"backfill: carrying {span} on to gold")
@@ -104,15 +104,7 @@ def _replace(ctx: Context, config: SilverConfig, span: WindowRange, record: RunR
     n_bronze = rows.count()
     record.add(windows=span.windows, bronze_events=n_bronze, **replaced)
     record.add(bronze_version=bronze_version, silver_version=version)
-    changed = {k: [previous.get(k), v] for k, v in rules.items() if previous and previous.get(k) != v}
-    record.details = json.dumps(
-        {
-            **span.bounds(),
-            "rules": rules,
-            "changed": changed if previous else "not known: no earlier run recorded its rules",
-        },
-        default=str,
-    )
+    describe(record, span, rules, previous)
     record.rows_in = n_bronze
     record.rows_out = int(replaced.get("events_added", 0)) + int(replaced.get("events_unchanged", 0))
     ctx.say(f"backfill silver {span}: {summary(record.metrics)}")
@@ -138,11 +130,7 @@ def _can_replace(ctx: Context, span: WindowRange, record: RunRecord) -> dict[str
         return None
     for spec in (BRONZE_EVENTS, SILVER_EVENTS):
         store.ensure(spec)
-    if store.txn_version(SILVER_EVENTS, SILVER_FLOW) is None:
-        if store.stats(SILVER_EVENTS).rows:  # made by runs over bucket sets: a progress per set
-            raise InputError(
-                "backfill silver: this lake runs silver per bucket (`--bucket`), which backfills do not do yet"
-            )
+    if not has_made(ctx, "silver", SILVER_EVENTS, SILVER_FLOW):
         record.noop("silver holds nothing yet: a first `run silver` makes every event")
         return None
     check_held(ctx, "silver", span, BRONZE_EVENTS, "timestamp")

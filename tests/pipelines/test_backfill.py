@@ -75,6 +75,15 @@ def another_run_counts(ctx: Context, tmp_path: Path, events: list[dict[str, Any]
     passes.gold_partials(ctx)
 
 
+def status_backfill_row(*words: str) -> list[str]:
+    """The cells of the row of `medallion status`'s Backfills table that holds every one of ``words``."""
+    shown = CliRunner().invoke(cli, ["status"], terminal_width=300)
+    assert shown.exit_code == 0, shown.output
+    backfills = shown.output[shown.output.index("Backfills") :].splitlines()
+    row = next(line for line in backfills if all(w in line for w in words))
+    return [c.strip() for c in row.split("│")[1:-1]]
+
+
 def last_backfill(ctx: Any) -> Any:
     return ctx.store.read(PIPELINE_EVENTS).where("job = 'backfill.gold'").orderBy("started_at").collect()[-1]
 
@@ -200,12 +209,7 @@ def test_the_command_recounts_the_range_and_says_what_changed(
     assert result.exit_code == 0, result.output
     assert "2 windows recounted: 0 tuples changed, 2 removed, 0 added, 4 as they were" in result.output
     assert gold_state(now) == expected(STREAM, {"plan"})
-    shown = CliRunner().invoke(cli, ["status"], terminal_width=300)
-    assert shown.exit_code == 0, shown.output
-    backfills = shown.output[shown.output.index("Backfills") :].splitlines()
-    row = next(line for line in backfills if "backfill.gold" in line)
-    cells = [c.strip() for c in row.split("│")[1:-1]]
-    assert cells[1:] == [
+    assert status_backfill_row("backfill.gold")[1:] == [
         "backfill.gold",
         "ok",
         "[2024-06-01T00:01:00Z, 2024-06-01T00:02:00Z)",

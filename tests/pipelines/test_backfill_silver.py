@@ -27,7 +27,7 @@ from pipelines.runtime.eventlog import PIPELINE_EVENTS
 from pipelines.runtime.runner import Context
 from pipelines.runtime.tables import SILVER_EVENTS
 from pipelines.storage import open_store
-from tests.pipelines.test_backfill import FROM, MIDNIGHT, STREAM, TO
+from tests.pipelines.test_backfill import FROM, MIDNIGHT, STREAM, TO, status_backfill_row
 from tests.pipelines.test_export import clickhouse_state, event, gold_state, nonzero, pipeline, write
 
 pytestmark = pytest.mark.integration
@@ -127,12 +127,7 @@ def test_a_horizon_set_then_backfilled_keeps_every_copy_outside_the_range_and_on
     ]
     assert figures == [(2, 40, 20, 0, 20), (2, 40, 0, 0, 20)]
     assert [json.loads(r["details"])["changed"] for r in log] == [{"dedup_horizon": ["0:00:00", "1:00:00"]}, {}]
-    shown = CliRunner().invoke(cli, ["status"], terminal_width=300)
-    assert shown.exit_code == 0, shown.output
-    backfills = shown.output[shown.output.index("Backfills") :].splitlines()
-    row = next(line for line in backfills if "backfill.silver" in line and "1:00:00" in line)
-    cells = [c.strip() for c in row.split("│")[1:-1]]
-    assert cells[1:] == [
+    assert status_backfill_row("backfill.silver", "1:00:00")[1:] == [
         "backfill.silver",
         "ok",
         "[2024-06-01T00:01:00Z, 2024-06-01T00:02:00Z)",
