@@ -7,7 +7,7 @@ What a backfill reads, writes and in which order is the edge's
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from pyspark.sql import Column, DataFrame
@@ -49,10 +49,16 @@ def events_again(
 def replaced_events() -> Callable[[DataFrame], DataFrame]:
     """Silver's change feed of a backfill's commit -> one row: the events (by :data:`ROW_KEY`) it
     removed, added and kept as they were."""
+    return replaced_rows(ROW_KEY, "events")
+
+
+def replaced_rows(key: Sequence[str], unit: str) -> Callable[[DataFrame], DataFrame]:
+    """A table's change feed of a backfill's replace -> one row: the rows (told apart by ``key``)
+    it removed, added and wrote again as they were (``<unit>_removed``, ``_added``, ``_unchanged``)."""
 
     def transform(changes: DataFrame) -> DataFrame:
         kind = F.col("_change_type")
-        per_row = changes.groupBy(*ROW_KEY).agg(
+        per_row = changes.groupBy(*key).agg(
             F.count_if(kind == "delete").alias("before"), F.count_if(kind == "insert").alias("after")
         )
         b, a = F.col("before"), F.col("after")
@@ -61,9 +67,9 @@ def replaced_events() -> Callable[[DataFrame], DataFrame]:
             return F.coalesce(F.sum(amount), F.lit(0)).cast("long")
 
         return per_row.agg(
-            n(F.greatest(b - a, F.lit(0))).alias("events_removed"),
-            n(F.greatest(a - b, F.lit(0))).alias("events_added"),
-            n(F.least(a, b)).alias("events_unchanged"),
+            n(F.greatest(b - a, F.lit(0))).alias(f"{unit}_removed"),
+            n(F.greatest(a - b, F.lit(0))).alias(f"{unit}_added"),
+            n(F.least(a, b)).alias(f"{unit}_unchanged"),
         )
 
     return transform

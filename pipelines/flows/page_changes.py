@@ -3,8 +3,10 @@ change once (the rules are :mod:`silver.page_changes`; the state and outbox are 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
@@ -49,6 +51,18 @@ class PageChangeConfig:
 
 def page_change_config(settings: Settings) -> PageChangeConfig:
     return PageChangeConfig(settings.page_changes, settings.silver.dedup_horizon)
+
+
+def page_change_rules(config: PageChangeConfig) -> dict[str, Any]:
+    """The settings silver's page changes depend on, as its event-log rows record them (a run's and
+    a backfill's): what ``medallion backfill silver`` compares to say which changed."""
+    r = config.rules
+    return {
+        "window": str(r.window),
+        "mode": r.mode,
+        "allowed_lateness": str(r.allowed_lateness),
+        "dedup_horizon": str(config.horizon),
+    }
 
 
 #: A page change's identity: its ``meta.id``, the same on every copy of one change.
@@ -103,6 +117,7 @@ def page_changes(batch: StateBatch, config: PageChangeConfig, record: FlowRecord
         # in a closed window or in the next state's buffer, so what is missing is the repeats.
         record.add(duplicates_dropped=held + n_in - int(counts["closed"]) - int(counts["open"]))
     page_change_figures(record, n_in, n_emitted, counts, watermark, batch.options.drain)
+    record.describe(json.dumps({"rules": page_change_rules(config)}))
     # The next state is computed by its write alone (no cache, no pass of its own): the write
     # counts its rows, recorded once it is done.
     state_rows = record.observe(

@@ -244,7 +244,8 @@ def previous_rules(ctx: Context, jobs: Sequence[str]) -> dict[str, Any]:
         ctx.store.read(PIPELINE_EVENTS)
         .where(F.col("job").isin(*jobs) & (F.col("status") == "ok"))
         .where(F.col("details").contains('"rules"'))
-        .orderBy(F.col("started_at").desc())
+        # The newest to end: a backfill ends after the runs that land while it runs.
+        .orderBy(F.col("ended_at").desc())
         .select("details")
         .first()  # one row: the newest such run's details
     )

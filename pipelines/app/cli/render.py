@@ -184,8 +184,11 @@ def print_backfills(ctx: Any, runs: int) -> None:
     if not rows:
         return
     t = Table(title="Backfills", title_justify="left")
-    for col in ("ended", "job", "status", "range", "rules changed", "changed", "removed", "added", "as they were"):
-        t.add_column(col, justify="right" if col in ("changed", "removed", "added", "as they were") else "left")
+    columns = ("ended", "job", "status", "range", "rules changed, or why not", "changed", "removed", "added")
+    for col in (*columns, "as they were"):
+        numbers = col in ("changed", "removed", "added", "as they were")
+        # The time and the range stay on one line; a long reason wraps in its own column.
+        t.add_column(col, justify="right" if numbers else "left", no_wrap=col in ("ended", "range"))
     for row in rows:
         try:
             details = json.loads(row["details"] or "{}")
@@ -197,21 +200,29 @@ def print_backfills(ctx: Any, runs: int) -> None:
             if isinstance(changed, dict)
             else (changed or "")
         )
+        if row["status"] != "ok":  # a noop's reason, a refusal, an error: shortened (the event log holds it whole)
+            rules = _short(row["error"] or row["details"])
         m = dict(row["metrics"] or {})
         t.add_row(
             row["ended_at"].strftime("%Y-%m-%d %H:%M:%S"),
             row["job"],
-            row["status"] + (f": {row['error'] or row['details']}" if row["status"] != "ok" else ""),
+            row["status"],
             f"[{details['from']}, {details['to']})" if "from" in details else "",
             rules or "none",
-            # gold's in tuples, silver's in events (which a backfill removes or adds, never changes)
+            # gold's in tuples, silver's in events or page changes (removed or added, never changed)
             *(
                 f"{int(m[f'{unit}_{k}']):,}" if f"{unit}_{k}" in m else ""
-                for unit in ("tuples" if "tuples_added" in m else "events",)
+                for unit in (next((u for u in ("tuples", "page_changes") if f"{u}_added" in m), "events"),)
                 for k in ("changed", "removed", "added", "unchanged")
             ),
         )
     console.print(t)
+
+
+def _short(text: str | None, limit: int = 160) -> str:
+    """A reason or an error in a table's cell: its first ``limit`` characters."""
+    line = " ".join((text or "").split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 OUTCOME_STYLE = {"passed": "green", "warned": "yellow", "dropped": "yellow", "failed": "bold red"}
