@@ -67,18 +67,24 @@ class Pipeline:
 
         return ingest_files(self.context, kind, [Path(p) for p in paths])
 
-    def backfill(self, layer: str, start: datetime, end: datetime) -> RunRecord:
+    def backfill(self, layer: str, start: datetime, end: datetime, only: str | None = None) -> RunRecord:
         """Make the windows that start in [``start``, ``end``) again under the settings in force,
-        as ``medallion backfill LAYER --from --to`` (``gold``, or ``silver``, which goes on to
-        gold); the event-log record of the backfill of ``layer`` (gold's follows silver's there)."""
+        as ``medallion backfill LAYER --from --to [--only]`` (``gold``, or ``silver``: its events,
+        which go on to gold, and its page changes); the event-log record of the backfill of
+        ``layer`` (of silver's events, or of the table ``only`` names: ``events``,
+        ``page_changes``; gold's follows silver's events in the event log)."""
         from pipelines.runtime.backfill import backfill_gold
+        from pipelines.runtime.backfill_page_changes import backfill_page_changes
         from pipelines.runtime.backfill_silver import backfill_silver
 
-        if layer == "silver":
-            return backfill_silver(self.context, start, end)[0]
-        if layer != "gold":
-            raise ValueError(f"backfill {layer!r}: 'gold' or 'silver' is backfilled")
-        return backfill_gold(self.context, start, end)
+        if layer == "gold" and only is None:
+            return backfill_gold(self.context, start, end)
+        if layer != "silver" or only not in (None, "events", "page_changes"):
+            raise ValueError(f"backfill {layer!r} (only={only!r}): 'gold' or 'silver' (events, page_changes)")
+        records = [] if only == "page_changes" else backfill_silver(self.context, start, end)[:1]
+        if only != "events":
+            records.append(backfill_page_changes(self.context, start, end))
+        return records[0]
 
     def table(self, name: str) -> DataFrame:
         """A table of the lake (``silver/events``) as a DataFrame at its latest version."""

@@ -38,16 +38,19 @@ def _range(start: datetime, end: datetime) -> None:
 
 def _print(record: Any) -> None:
     """A backfill's line: what it changed, or why it had nothing to do."""
-    from pipelines.runtime import backfill, backfill_silver
+    from pipelines.runtime import backfill, backfill_page_changes, backfill_silver
 
     m = record.metrics
     if record.status == "noop":
         console.print(f"{record.job}: nothing to do ({record.details})")
         return
-    what, line = (
-        ("recounted", backfill.summary(m)) if record.job == backfill.JOB else ("made again", backfill_silver.summary(m))
-    )
-    console.print(f"{record.job}: {int(m.get('windows', 0)):,} windows {what}: {line}")
+    windows = f"{int(m.get('windows', 0)):,} windows"
+    what, summary = {
+        backfill.JOB: (f"{windows} recounted", backfill.summary),
+        backfill_silver.JOB: (f"{windows} made again", backfill_silver.summary),
+        backfill_page_changes.JOB: ("page windows made again", backfill_page_changes.summary),
+    }[record.job]
+    console.print(f"{record.job}: {what}: {summary(m)}")
 
 
 FROM = click.option("--from", "start", type=Instant(), required=True, help="The first window start to redo (UTC).")
@@ -72,15 +75,31 @@ def backfill_gold(state: State, start: datetime, end: datetime) -> None:
 @backfill.command("silver")
 @FROM
 @TO
+@click.option(
+    "--only",
+    type=click.Choice(["events", "page_changes"]),
+    default=None,
+    help="Make one of silver's tables again (default: both).",
+)
 @click.pass_obj
-def backfill_silver(state: State, start: datetime, end: datetime) -> None:
-    """Make silver's events of gold's windows that start in [--from, --to) again from bronze with
-    the settings in force (silver.dedup_horizon, the bucket mapping), replacing what silver holds
-    there, then recount those windows in gold and correct ClickHouse, as `backfill gold` does.
-    Page changes are not backfilled yet; counters keep what they counted. Killed, the same command
-    finishes it."""
+def backfill_silver(state: State, start: datetime, end: datetime, only: str | None) -> None:
+    """Make silver's rows of gold's windows that start in [--from, --to) again from bronze with
+    the settings in force, replacing what silver holds there:
+
+    \b
+    - events (silver.dedup_horizon, the bucket mapping), then those windows recounted in gold and
+      ClickHouse corrected, as `backfill gold` does;
+    - page changes (page_changes.*, silver.dedup_horizon), with the changes that landed after
+      their window had closed counted in; each page's windows between edges none of them crosses.
+
+    Counters keep what they counted. Killed, the same command finishes it."""
+    from pipelines.runtime.backfill_page_changes import backfill_page_changes
     from pipelines.runtime.backfill_silver import backfill_silver as run
 
     _range(start, end)
-    for record in run(state.context(validates=True), start, end):
-        _print(record)
+    ctx = state.context(validates=True)
+    if only in (None, "events"):
+        for record in run(ctx, start, end):
+            _print(record)
+    if only in (None, "page_changes"):
+        _print(backfill_page_changes(ctx, start, end))
