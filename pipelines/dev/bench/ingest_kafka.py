@@ -84,6 +84,9 @@ def kafka_stage(b: Bench, w: Workload) -> None:
 
 
 KAFKA_GROUP = "Kafka -> bronze, {n} ingest process{es} (steady state)"
+#: Runs of a group that may land together for under a second (on a busy machine one process can
+#: start after the other has taken most messages) before the stage fails.
+GROUP_ATTEMPTS = 3
 
 
 def kafka_group_stage(b: Bench, w: Workload, broker: Any) -> None:
@@ -93,7 +96,7 @@ def kafka_group_stage(b: Bench, w: Workload, broker: Any) -> None:
     window in which both processes land holds many flushes of each; at XS, which checks that every
     stage runs (its figures are fixed costs), 30,000: still three flushes of each of two processes.
     """
-    from pipelines.dev.bench.kafka_group import BATCH, PARTITIONS, IngestGroup
+    from pipelines.dev.bench.kafka_group import BATCH, PARTITIONS, IngestGroup, ShortOverlap
     from pipelines.dev.bench.measure import MachineLoad, MemorySampler, machine_busy
 
     least = 30_000 if w.size.name == "XS" else 60_000
@@ -104,20 +107,27 @@ def kafka_group_stage(b: Bench, w: Workload, broker: Any) -> None:
     busy: dict[int, list[float | None]] = {1: [], 2: []}
     for _ in range(b.repeats):
         for processes, fig in ((1, one), (2, two)):
-            ctx = b.context("kafka-group")
-            topic = f"bench-group-{uuid.uuid4().hex[:8]}"
-            broker.create_topic(topic, PARTITIONS)
-            group = IngestGroup(
-                ctx.settings, ctx.store, broker.bootstrap, topic, processes, Path(ctx.settings.lake_root) / "_logs"
-            )
-            group.produce(messages)
-            with MemorySampler() as mem, MachineLoad() as load:
-                group.start()
+            for attempt in range(1, GROUP_ATTEMPTS + 1):
+                ctx = b.context("kafka-group")
+                topic = f"bench-group-{uuid.uuid4().hex[:8]}"
+                broker.create_topic(topic, PARTITIONS)
+                group = IngestGroup(
+                    ctx.settings, ctx.store, broker.bootstrap, topic, processes, Path(ctx.settings.lake_root) / "_logs"
+                )
+                group.produce(messages)
+                with MemorySampler() as mem, MachineLoad() as load:
+                    group.start()
+                    try:
+                        group.wait_landed(len(messages), timeout=900)
+                    finally:
+                        group.stop()
                 try:
-                    group.wait_landed(len(messages), timeout=900)
-                finally:
-                    group.stop()
-            rate, counted, window = group.steady_rate()
+                    rate, counted, window = group.steady_rate()
+                    break
+                except ShortOverlap as exc:
+                    if attempt == GROUP_ATTEMPTS:
+                        raise
+                    b.say(f"  {fig.stage}: {exc} (a process started late); again on a new topic")
             fig.record(counted / rate, counted, mem.peak)
             busy[processes].append(load.busy(*window))
             fig.note = (

@@ -28,6 +28,11 @@ BATCH = 5_000
 MEDALLION = [sys.executable, "-c", "from pipelines.app.cli import main; main()"]
 
 
+class ShortOverlap(RuntimeError):
+    """The group's processes landed together for under a second (one started late, on a busy
+    machine): no steady state to measure in that run."""
+
+
 class IngestGroup:
     """``processes`` ingest processes consuming ``topic`` into the lake of ``settings``."""
 
@@ -86,7 +91,7 @@ class IngestGroup:
         start, end = max(firsts.values()), min(lasts.values())
         counted = sum(f["count_all"] for f in flushes if start < f["ingest_time"].timestamp() <= end)
         if end - start < 1.0:
-            raise RuntimeError("the processes overlapped for under a second: produce more messages")
+            raise ShortOverlap("the processes overlapped for under a second: produce more messages")
         return counted / (end - start), counted, (start, end)
 
     def landed(self) -> int:
