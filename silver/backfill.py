@@ -46,12 +46,6 @@ def events_again(
     return transform
 
 
-def replaced_events() -> Callable[[DataFrame], DataFrame]:
-    """Silver's change feed of a backfill's commit -> one row: the events (by :data:`ROW_KEY`) it
-    removed, added and kept as they were."""
-    return replaced_rows(ROW_KEY, "events")
-
-
 def replaced_rows(key: Sequence[str], unit: str) -> Callable[[DataFrame], DataFrame]:
     """A table's change feed of a backfill's replace -> one row: the rows (told apart by ``key``)
     it removed, added and wrote again as they were (``<unit>_removed``, ``_added``, ``_unchanged``)."""

@@ -43,6 +43,7 @@ from pipelines.runtime.eventlog import PIPELINE_EVENTS, RunRecord
 from pipelines.runtime.runner import Context, app_id, run_job
 from pipelines.runtime.tables import GOLD_PARTIALS, GOLD_PROPERTY_VALUES, SILVER_EVENTS
 from pipelines.storage import AppTxn, TableSpec
+from silver.backfill import replaced_rows
 
 JOB = "backfill.gold"
 #: The progress each replace is guarded by, and the backfill's own (numbered runs).
@@ -154,17 +155,62 @@ def summary(metrics: dict[str, float]) -> str:
 def _can_recount(ctx: Context, span: WindowRange, rules: dict[str, Any], record: RunRecord) -> dict[str, Any] | None:
     """The rules gold last counted under, if the range can be recounted; None (said why in
     ``record``) where there is nothing to do; an :class:`InputError` where it must not be done."""
-    store = ctx.store
+    tables = (SILVER_EVENTS, GOLD_PARTIALS, GOLD_PROPERTY_VALUES)
+    made, nothing = (GOLD_PARTIALS, STAGE_1), "gold has counted nothing yet: a first `run gold` counts every window"
+    if not ready(ctx, record, span, "gold", tables, made, nothing, (SILVER_EVENTS, "event_time")):
+        return None
+    return counted_under(ctx, span, rules)
+
+
+def ready(
+    ctx: Context,
+    record: RunRecord,
+    span: WindowRange,
+    layer: str,
+    tables: Sequence[TableSpec],
+    made: tuple[TableSpec, str],
+    nothing: str,
+    held: tuple[TableSpec, str],
+) -> bool:
+    """Whether a backfill of ``layer`` has a range to make again, its ``tables`` ensured: False (a
+    no-op, said why in ``record``) where no window starts in ``span`` or the flow ``made`` names
+    (the table it writes, its app id) has written nothing yet (``nothing``); an
+    :class:`InputError` where that flow writes per bucket, or where the range starts before what
+    ``held`` (the table read again, its event-time column) holds."""
     if not span.windows:
         record.noop(f"no window starts in {span}")
-        return None
-    for spec in (SILVER_EVENTS, GOLD_PARTIALS, GOLD_PROPERTY_VALUES):
-        store.ensure(spec)
-    if not has_counted(ctx):
-        record.noop("gold has counted nothing yet: a first `run gold` counts every window")
-        return None
-    check_held(ctx, "gold", span, SILVER_EVENTS, "event_time")
-    return counted_under(ctx, span, rules)
+        return False
+    for spec in tables:
+        ctx.store.ensure(spec)
+    if not has_made(ctx, layer, *made):
+        record.noop(nothing)
+        return False
+    check_held(ctx, layer, span, *held)
+    return True
+
+
+def made_figures(
+    ctx: Context,
+    record: RunRecord,
+    span: WindowRange,
+    replaced: tuple[TableSpec, int, Sequence[str], str],
+    rules: dict[str, Any],
+    previous: dict[str, Any],
+    read: dict[str, int],
+    versions: dict[str, int],
+) -> None:
+    """A silver backfill's figures and details in its event-log record: the rows its replace
+    (``replaced``: the table, the version, what tells its rows apart and their unit) removed,
+    added and wrote again as they were, from the replace's change feed; the bronze rows it
+    ``read``; the ``versions`` it read and wrote; its range and rules."""
+    spec, version, key, unit = replaced
+    found = ctx.store.read_changes(spec, version, version).transform(replaced_rows(key, unit)).first()  # one row
+    figures = found.asDict() if found else {}
+    record.add(windows=span.windows, **read, **figures)
+    record.add(**versions)
+    describe(record, span, rules, previous)
+    record.rows_in = sum(read.values())
+    record.rows_out = int(figures.get(f"{unit}_added", 0)) + int(figures.get(f"{unit}_unchanged", 0))
 
 
 def has_counted(ctx: Context) -> bool:

@@ -33,12 +33,11 @@ from pipelines.errors import CommitConflictError, InputError
 from pipelines.flows import flow_names
 from pipelines.flows.page_changes import page_change_config, page_change_rules, page_changes_done
 from pipelines.runtime import passes, quality
-from pipelines.runtime.backfill import check_held, describe, has_made, previous_rules, run_backfill
+from pipelines.runtime.backfill import made_figures, previous_rules, ready, run_backfill
 from pipelines.runtime.eventlog import RunRecord
 from pipelines.runtime.runner import Context, app_id
 from pipelines.runtime.tables import BRONZE_PAGE_CHANGES, SILVER_PAGE_CHANGE_STATE, SILVER_PAGE_CHANGES
 from pipelines.storage import AppTxn, TxnSnapshot
-from silver.backfill import replaced_rows
 from silver.page_changes import KEY, STATE_KIND, WINDOW_END, WINDOW_START
 from silver.page_changes_backfill import (
     ROW_KEY,
@@ -108,14 +107,9 @@ def _replace(ctx: Context, span: WindowRange, record: RunRecord) -> None:
     finally:
         for df in cached:
             df.unpersist()
-    changed = store.read_changes(SILVER_PAGE_CHANGES, version, version)
-    figures = changed.transform(replaced_rows(ROW_KEY, "page_changes")).first()  # one row
-    replaced = figures.asDict() if figures else {}
-    record.add(windows=span.windows, bronze_page_changes=n_bronze, **replaced)
-    record.add(bronze_version=bronze_version, silver_version=version)
-    describe(record, span, rules, previous)
-    record.rows_in = n_bronze
-    record.rows_out = int(replaced.get("page_changes_added", 0)) + int(replaced.get("page_changes_unchanged", 0))
+    replaced = (SILVER_PAGE_CHANGES, version, ROW_KEY, "page_changes")
+    versions = {"bronze_version": bronze_version, "silver_version": version}
+    made_figures(ctx, record, span, replaced, rules, previous, {"bronze_page_changes": n_bronze}, versions)
     ctx.say(f"backfill page changes {span}, windows to {iso(until)}: {summary(record.metrics)}")
 
 
@@ -163,14 +157,10 @@ def _check_closed(span: WindowRange, open_windows: DataFrame) -> None:
 def _can_replace(ctx: Context, span: WindowRange, record: RunRecord) -> dict[str, Any] | None:
     """The rules silver's page changes were last made under, if the range can be made again; None
     (said why in ``record``) where there is nothing to do; an :class:`InputError` where it must not be."""
-    store = ctx.store
-    if not span.windows:
-        record.noop(f"no window starts in {span}")
+    tables = (BRONZE_PAGE_CHANGES, SILVER_PAGE_CHANGES, SILVER_PAGE_CHANGE_STATE)
+    nothing = "silver holds no page changes yet: a first `run silver` makes them"
+    if not ready(
+        ctx, record, span, "silver", tables, (SILVER_PAGE_CHANGES, FLOW), nothing, (BRONZE_PAGE_CHANGES, "event_time")
+    ):
         return None
-    for spec in (BRONZE_PAGE_CHANGES, SILVER_PAGE_CHANGES, SILVER_PAGE_CHANGE_STATE):
-        store.ensure(spec)
-    if not has_made(ctx, "silver", SILVER_PAGE_CHANGES, FLOW):
-        record.noop("silver holds no page changes yet: a first `run silver` makes them")
-        return None
-    check_held(ctx, "silver", span, BRONZE_PAGE_CHANGES, "event_time")
     return previous_rules(ctx, (JOB, flow_names.SILVER_PAGE_CHANGES))

@@ -36,19 +36,18 @@ from pipelines.flows.silver import SilverConfig, silver_config, silver_rules
 from pipelines.runtime import passes, quality
 from pipelines.runtime.backfill import (
     backfill_gold,
-    check_held,
     counted_under,
-    describe,
     has_counted,
-    has_made,
+    made_figures,
     previous_rules,
+    ready,
     run_backfill,
 )
 from pipelines.runtime.eventlog import RunRecord
 from pipelines.runtime.runner import Context, app_id
 from pipelines.runtime.tables import BRONZE_EVENTS, GOLD_PARTIALS, GOLD_PROPERTY_VALUES, SILVER_EVENTS
 from pipelines.storage import AppTxn
-from silver.backfill import events_again, replaced_events
+from silver.backfill import ROW_KEY, events_again
 
 JOB = "backfill.silver"
 #: The progress silver's replace is guarded by, and the backfill's own (numbered runs).
@@ -97,16 +96,11 @@ def _replace(ctx: Context, config: SilverConfig, span: WindowRange, record: RunR
         version = store.replace(SILVER_EVENTS, passed, span.holds("event_time"), guard, snap.table_version)
     finally:
         events.unpersist()
-    found = store.read_changes(SILVER_EVENTS, version, version).transform(replaced_events()).first()  # one row
-    replaced = found.asDict() if found else {}
     # A count of the range's bronze rows, from the files their event times may be in (an observation
     # of them is never filled where Spark plans an empty range away).
-    n_bronze = rows.count()
-    record.add(windows=span.windows, bronze_events=n_bronze, **replaced)
-    record.add(bronze_version=bronze_version, silver_version=version)
-    describe(record, span, rules, previous)
-    record.rows_in = n_bronze
-    record.rows_out = int(replaced.get("events_added", 0)) + int(replaced.get("events_unchanged", 0))
+    read = {"bronze_events": rows.count()}
+    versions = {"bronze_version": bronze_version, "silver_version": version}
+    made_figures(ctx, record, span, (SILVER_EVENTS, version, ROW_KEY, "events"), rules, previous, read, versions)
     ctx.say(f"backfill silver {span}: {summary(record.metrics)}")
 
 
@@ -124,20 +118,14 @@ def _before(span: WindowRange, horizon: timedelta) -> str:
 def _can_replace(ctx: Context, span: WindowRange, record: RunRecord) -> dict[str, Any] | None:
     """The rules silver's events were last made under, if the range can be made again; None (said
     why in ``record``) where there is nothing to do; an :class:`InputError` where it must not be."""
-    store = ctx.store
-    if not span.windows:
-        record.noop(f"no window starts in {span}")
+    nothing = "silver holds nothing yet: a first `run silver` makes every event"
+    made, held = (SILVER_EVENTS, SILVER_FLOW), (BRONZE_EVENTS, "timestamp")
+    if not ready(ctx, record, span, "silver", (BRONZE_EVENTS, SILVER_EVENTS), made, nothing, held):
         return None
-    for spec in (BRONZE_EVENTS, SILVER_EVENTS):
-        store.ensure(spec)
-    if not has_made(ctx, "silver", SILVER_EVENTS, SILVER_FLOW):
-        record.noop("silver holds nothing yet: a first `run silver` makes every event")
-        return None
-    check_held(ctx, "silver", span, BRONZE_EVENTS, "timestamp")
     # The range goes on to gold: what gold's backfill would refuse (a lake counted per bucket, a
     # changed gold.window) is refused before silver changes.
     for spec in (GOLD_PARTIALS, GOLD_PROPERTY_VALUES):
-        store.ensure(spec)
+        ctx.store.ensure(spec)
     has_counted(ctx)
     counted_under(ctx, span, counting_rules(gold_config(ctx.settings)))
     return previous_rules(ctx, (JOB, flow_names.SILVER_EVENTS))
