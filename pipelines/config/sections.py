@@ -250,8 +250,20 @@ class RemoteWriteSettings(_Section):
         "interval: every fsync_interval (a power loss can lose that much)",
     )
     fsync_interval: Duration = Field(default=timedelta(seconds=1), description="with fsync: interval")
+    repeat_horizon: Duration = Field(
+        default=timedelta(minutes=10),
+        description="how long a landed sample's (series, timestamp) is remembered, so a resent copy is dropped "
+        "(longer than a sender retries a request: Prometheus and vmagent retry with a backoff of at most 5 s "
+        "and 1 min)",
+    )
+    repeat_keys: int = Field(
+        default=8_000_000,
+        ge=1024,
+        description="(series, timestamp) keys remembered per generation (48 bytes each on disk, two generations); "
+        "more within repeat_horizon shorten it, which is logged",
+    )
 
-    @field_validator("idle_timeout", "body_timeout", "fsync_interval")
+    @field_validator("idle_timeout", "body_timeout", "fsync_interval", "repeat_horizon")
     @classmethod
     def _positive(cls, v: timedelta) -> timedelta:
         if v <= timedelta(0):

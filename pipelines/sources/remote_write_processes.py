@@ -4,7 +4,9 @@ One Python process handles requests under one GIL, so it uses about one core how
 threads it has. With ``N > 1`` each process binds the same address with ``SO_REUSEPORT`` and the
 kernel spreads connections across them. Each is a whole receiver: its own write-ahead log
 (``<wal>.<i>`` beside the first one's) and its own app id (``<receiver_id>.<i>``), so each lands
-its own segments exactly once and their Delta appends never conflict on an app transaction.
+its own segments exactly once and their Delta appends never conflict on an app transaction. The
+samples they have landed are known to all (:mod:`~pipelines.sources.remote_write_repeats`, in
+``<wal>.keys``), so a sample resent to another process than the one that logged it lands once.
 
 Process 0 keeps the plain names, so one process and several share the first log. Logs of
 processes that no longer run (``N`` was larger before) are flushed on start: what they
@@ -54,7 +56,9 @@ def open_receiver(settings: Settings, store: TableStore, index: int = 0) -> Rece
     rw = settings.remote_write
     if index:
         rw = rw.model_copy(update={"receiver_id": f"{rw.receiver_id}.{index}"})
-    return Receiver(rw, store, BRONZE_SAMPLES, BRONZE_QUARANTINE, wal_dir(settings, index))
+    first = wal_dir(settings)
+    keys = first.with_name(f"{first.name}.keys")  # shared: a sample resent to another process lands once
+    return Receiver(rw, store, BRONZE_SAMPLES, BRONZE_QUARANTINE, wal_dir(settings, index), keys)
 
 
 def retired_logs(settings: Settings, processes: int) -> list[int]:

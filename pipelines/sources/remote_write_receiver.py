@@ -19,13 +19,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PromCounter
 
 from pipelines import observability
 from pipelines.config.settings import RemoteWriteSettings
+from pipelines.runtime.eventlog import EventLog, new_run_id
 from pipelines.sources import remote_write as codec
+from pipelines.sources.remote_write_repeats import REASONS, Claimed, LandedKeys
 from pipelines.sources.remote_write_rows import request_series, sample_count, samples_of
 from pipelines.sources.remote_write_series import SeriesIds
 from pipelines.sources.wal import Segment, WalFullError, WriteAheadLog
@@ -34,6 +38,8 @@ from pipelines.storage import AppTxn, TableSpec, TableStore
 log = logging.getLogger("medallion.remote_write")
 
 RETRY_AFTER_SECONDS = 2
+#: The event log's job for a flush that dropped repeated samples.
+REPEATS_JOB = "remote_write.repeats"
 # Kinds of write-ahead log segment: a request's tagged series, a rejected body, and sample rows
 # (what earlier versions logged; still flushed after an upgrade).
 SERIES, QUARANTINE, LEGACY_SAMPLES = "series", "quarantine", "samples"
@@ -68,6 +74,27 @@ class Metrics:
             "medallion_remote_write_flush_errors", "Flushes that failed and were retried.", registry=r
         )
         self.rows_flushed = PromCounter("medallion_remote_write_rows_flushed", "Rows written to Delta.", registry=r)
+        self.samples_repeated = PromCounter(
+            "medallion_remote_write_samples_repeated",
+            "Samples not landed: their (series, timestamp) landed before, with the same value (duplicate) or "
+            "another (conflicting_value; the first wins).",
+            ["reason"],
+            registry=r,
+        )
+        for reason in REASONS:
+            self.samples_repeated.labels(reason)
+        self.samples_replayed = PromCounter(
+            "medallion_remote_write_samples_replayed",
+            "Samples landed from the log after a flush that claimed them stopped before its commit.",
+            registry=r,
+        )
+        self.repeat_horizon = Gauge(
+            "medallion_remote_write_repeat_horizon_seconds",
+            "How long a landed sample's (series, timestamp) is remembered (shorter than remote_write.repeat_horizon "
+            "when remote_write.repeat_keys filled first).",
+            registry=r,
+            multiprocess_mode="min",
+        )
         self.queue_bytes = observability.gauge(
             "medallion_remote_write_queue_bytes", "Bytes in the write-ahead log not yet in Delta.", r
         )
@@ -98,7 +125,10 @@ class Receiver:
         samples: TableSpec,
         quarantine: TableSpec,
         wal_dir: Path,
+        keys_dir: Path | None = None,
     ) -> None:
+        """``keys_dir``: the folder of the landed keys the receivers of one lake share (default:
+        ``<wal_dir>.keys``)."""
         self.settings = settings
         self.store = store
         self.samples_spec = samples
@@ -115,7 +145,15 @@ class Receiver:
             wal_dir, settings.max_pending_bytes, first_seq=committed + 1, fsync_each=settings.fsync == "request"
         )
         self.limits = settings.limits()
+        self.landed = LandedKeys(
+            keys_dir or wal_dir.with_name(f"{wal_dir.name}.keys"),
+            settings.receiver_id,
+            settings.repeat_horizon,
+            # A generation takes a whole batch: up to flush_max_rows, and the request that fills it.
+            max(settings.repeat_keys, settings.flush_max_rows + settings.max_samples_per_request),
+        )
         self.metrics = Metrics()
+        self.metrics.repeat_horizon.set(self.landed.horizon_in_force)
         self.healthy = True
         self.last_error: str | None = None
         self._flush_lock = threading.Lock()
@@ -242,11 +280,14 @@ class Receiver:
             return True
 
         try:
-            for segments, batch in self.wal.batches(kind, self.settings.flush_max_rows, rows, wait_for_more):
+            for segments, batch, counts in self.wal.batches(kind, self.settings.flush_max_rows, rows, wait_for_more):
                 table = samples_of(batch, self._series_ids) if kind == SERIES else batch
+                claimed = None
+                if kind != QUARANTINE:  # sample rows: each (series, timestamp) lands once
+                    table, claimed = self._first_of_each(segments, counts, table)
                 if landing is not None:
                     written += landing.result()
-                landing = self._lander.submit(self._land, spec, app, segments, table)
+                landing = self._lander.submit(self._land, spec, app, segments, table, claimed)
             if landing is not None:
                 written += landing.result()
         except BaseException as exc:
@@ -257,14 +298,62 @@ class Receiver:
             raise
         return written
 
-    def _land(self, spec: TableSpec, app: str, segments: list[Segment], table: pa.Table) -> int:
+    def _first_of_each(self, segments: list[Segment], counts: list[int], table: pa.Table) -> tuple[pa.Table, Claimed]:
+        """The batch's samples whose (series, timestamp) no receiver of the lake landed before
+        (:mod:`~pipelines.sources.remote_write_repeats`), claimed before they are committed."""
+        claimed = self.landed.claim(
+            table.column("series_id").to_numpy(),
+            pc.cast(table.column("timestamp"), pa.int64()).to_numpy(),
+            table.column("value").to_numpy(),
+            np.repeat(np.array([s.seq for s in segments], np.int64), counts),
+        )
+        self.metrics.repeat_horizon.set(self.landed.horizon_in_force)
+        if claimed.repeated:
+            table = table.filter(pa.array(claimed.keep))
+        return table, claimed
+
+    def _land(
+        self, spec: TableSpec, app: str, segments: list[Segment], table: pa.Table, claimed: Claimed | None = None
+    ) -> int:
         t0 = time.perf_counter()
         self.store.append(spec, table, [AppTxn(app, segments[-1].seq)])
         self.wal.remove(segments)
         self.metrics.rows_flushed.inc(table.num_rows)
         self.metrics.flush_seconds.observe(time.perf_counter() - t0)
         self.metrics.last_flush.set_to_current_time()
+        if claimed is not None and (claimed.repeated or claimed.replayed):
+            self._count_repeats(segments, table.num_rows, claimed)
         return int(table.num_rows)
+
+    def _count_repeats(self, segments: list[Segment], landed: int, claimed: Claimed) -> None:
+        """A landed batch's repeats (and replayed samples) on ``/metrics`` and in the event log:
+        they come after a sender's resend or a receiver's restart, so a row per such batch is few."""
+        for reason, count in claimed.by_reason().items():
+            self.metrics.samples_repeated.labels(reason).inc(count)
+        self.metrics.samples_replayed.inc(claimed.replayed)
+        log.info(
+            "remote write: %d repeated samples not landed (%s), %d landed from a replay of the log",
+            claimed.repeated,
+            ", ".join(f"{k} {v}" for k, v in claimed.by_reason().items()),
+            claimed.replayed,
+        )
+        now = datetime.now(UTC)
+        row = {
+            "run_id": new_run_id(),
+            "job": REPEATS_JOB,
+            "started_at": now,
+            "ended_at": now,
+            "status": "ok",
+            "rows_in": landed + claimed.repeated,
+            "rows_out": landed,
+            "metrics": {
+                **{f"samples_repeated_{k}": float(v) for k, v in claimed.by_reason().items()},
+                "samples_replayed": float(claimed.replayed),
+            },
+            "details": f"{self.settings.receiver_id}: log segments {segments[0].seq}-{segments[-1].seq}",
+            "error": None,
+        }
+        EventLog(self.store).write(row)  # logs, never raises: the samples are landed
 
     def flush_loop(self, stop: threading.Event) -> None:
         interval = self.settings.flush_interval.total_seconds()
@@ -302,3 +391,4 @@ class Receiver:
     def close(self) -> None:
         self._lander.shutdown(wait=True)
         self.wal.close()
+        self.landed.close()

@@ -197,10 +197,11 @@ class WriteAheadLog:
         max_rows: int,
         rows_of: Callable[[pa.Table], int] = pa.Table.__len__,
         wait_for_more: Callable[[], bool] = lambda: False,
-    ) -> Iterator[tuple[list[Segment], pa.Table]]:
+    ) -> Iterator[tuple[list[Segment], pa.Table, list[int]]]:
         """The segments of ``kind`` in order, as batches of up to about ``max_rows`` rows (as
-        ``rows_of`` counts a segment's), concatenated, until none is left. Each batch starts after
-        the last one handed out, so a caller may still be landing that one while it reads the next.
+        ``rows_of`` counts a segment's), concatenated, with each segment's count, until none is
+        left. Each batch starts after the last one handed out, so a caller may still be landing
+        that one while it reads the next.
         When the log runs out before a batch is full, ``wait_for_more()`` is asked whether to look
         again (the caller waits for its landing under way, during which more segments arrive)
         rather than hand out a small batch."""
@@ -208,6 +209,7 @@ class WriteAheadLog:
         while True:
             chosen: list[Segment] = []
             tables: list[pa.Table] = []
+            counts: list[int] = []
             rows = 0
             full = False
             while not full:
@@ -221,10 +223,11 @@ class WriteAheadLog:
                         break
                     chosen.append(seg)
                     tables.append(table)
+                    counts.append(count)
                     rows += count
                 if not full and not wait_for_more():
                     break
             if not chosen:
                 return
             after = chosen[-1].seq
-            yield chosen, pa.concat_tables(tables)
+            yield chosen, pa.concat_tables(tables), counts

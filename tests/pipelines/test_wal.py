@@ -27,7 +27,9 @@ def test_a_batch_not_yet_full_waits_for_more_and_takes_what_arrived_meanwhile(tm
             return True
         return False
 
-    got = [([s.seq for s in segments], t.num_rows) for segments, t in wal.batches("k", 5, wait_for_more=wait_for_more)]
+    got = [
+        ([s.seq for s in segments], t.num_rows) for segments, t, _ in wal.batches("k", 5, wait_for_more=wait_for_more)
+    ]
     # 1 alone is not full: wait, take 2 (4 rows); wait, 3 would make 6 > 5: the batch is full.
     # Then 3 alone, nothing more arrives, and the log is empty.
     assert got == [([1, 2], 4), ([3], 2)]
