@@ -228,6 +228,20 @@ def top_values(samples: DataFrame, group: list[str], k: int) -> DataFrame:
     )
 
 
+def late_condition(agg: AggregationSettings, previous_watermark: datetime | None) -> Column | None:
+    """Whether a sample (SAMPLE_COLUMNS) of ``agg`` is late: its pane ended at or before the
+    watermark the last run left (None: no run left one, nothing is late)."""
+    if agg.raw or previous_watermark is None:
+        return None
+    return plus(F.col("pane_start"), agg.slide or agg.window) <= F.lit(previous_watermark)
+
+
+def without_repeats(late: DataFrame, counted: DataFrame) -> DataFrame:
+    """Late samples less those whose (series, timestamp) is among ``counted`` (the samples earlier
+    runs took: a repeat sent again after its pane was final, which a correction would count twice)."""
+    return late.join(counted.select("series_id", "timestamp").distinct(), ["series_id", "timestamp"], "left_anti")
+
+
 def pane_run(
     agg: AggregationSettings,
     new: DataFrame,
@@ -237,21 +251,25 @@ def pane_run(
     watermark: datetime | None,
     run: int,
     close_all: bool = False,
+    counted: DataFrame | None = None,
 ) -> PaneRun:
     """One aggregation's step: ``new`` samples (SAMPLE_COLUMNS) against the state it left.
 
-    Samples whose pane ended at or before ``previous_watermark`` are late. Panes that end at or
-    before ``watermark`` become final; ``close_all`` (draining) makes every pane final, and
-    ``watermark`` is then what the panes record (far enough to close every window they are in).
+    Samples whose pane ended at or before ``previous_watermark`` are late, less the repeats of
+    ``counted`` (:func:`without_repeats`; None: none checked). Panes that end at or before
+    ``watermark`` become final; ``close_all`` (draining) makes every pane final, and ``watermark``
+    is then what the panes record (far enough to close every window they are in).
     """
     if agg.raw:
         deduped = new.dropDuplicates(["series_id", "timestamp"])
         empty = new.limit(0)
         return PaneRun(summarise(deduped, agg, False, watermark, run), empty, lasts.limit(0), empty)
     pane_end = plus(F.col("pane_start"), agg.slide or agg.window)
-    if previous_watermark is not None:
-        is_late = pane_end <= F.lit(previous_watermark)
+    is_late = late_condition(agg, previous_watermark)
+    if is_late is not None:
         late, on_time = new.where(is_late), new.where(~is_late)
+        if counted is not None:
+            late = without_repeats(late, counted)
     else:
         late, on_time = new.limit(0), new
     pending = buffered.unionByName(on_time).dropDuplicates(["aggregation", "series_id", "timestamp"])

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from gold.metric_windows import close_windows, closes_through, panes_after, raw_rows, window_rows
 from pipelines.config.settings import Settings
+from pipelines.errors import StorageError
 from pipelines.runtime.flow_types import Batch, FlowRecord, StateBatch, StateRules, StateStep
 from pipelines.runtime.tables import GOLD_METRIC_WINDOWS, SILVER_METRIC_PANES
 from silver.config import AggregationSettings
@@ -16,6 +18,7 @@ from silver.metric_panes import (
     INPUT_COLUMNS,
     METRIC_PANE_COLUMNS,
     carried_state,
+    late_condition,
     next_state,
     pane_clock,
     pane_run,
@@ -64,6 +67,7 @@ def panes(batch: StateBatch, aggs: Sequence[AggregationSettings], record: FlowRe
         n_new = int(seen["n"]) if seen else 0
         prev = progress.get(agg.name)
         clock = pane_clock(agg, prev["max_seen"] if prev else None, seen["t"] if seen else None, batch.options.drain)
+        late, counted = _late(batch, agg, mine, clock.previous, record)
         step = pane_run(
             agg,
             mine,
@@ -73,8 +77,11 @@ def panes(batch: StateBatch, aggs: Sequence[AggregationSettings], record: FlowRe
             clock.closes,
             batch.run,
             close_all=batch.options.drain,
+            counted=counted,
         )
-        n_late = step.late.count() if clock.previous is not None else 0
+        n_late = step.late.count() if late else 0
+        if counted is not None:
+            record.add(**{f"{agg.name}.late_repeats": late - n_late})
         outs.append(step.panes)
         keep.append(step.buffered)
         new_lasts.append(step.lasts)
@@ -103,6 +110,31 @@ def panes(batch: StateBatch, aggs: Sequence[AggregationSettings], record: FlowRe
         )
 
     return StateStep(next_state(rest, outs, progress_rows, batch.end), published)
+
+
+def _late(
+    batch: StateBatch, agg: AggregationSettings, mine: DataFrame, previous: datetime | None, record: FlowRecord
+) -> tuple[int, DataFrame | None]:
+    """How many of ``agg``'s new samples are late, and the samples earlier runs took around them
+    (their repeats are not counted again: :func:`~silver.metric_panes.without_repeats`); the
+    earlier source is read only where some are late, and only over their time span."""
+    is_late = late_condition(agg, previous)
+    if is_late is None:
+        return 0, None
+    # The late samples' count and span: one row.
+    span = (
+        mine.where(is_late)
+        .agg(F.count(F.lit(1)).alias("n"), F.min("timestamp").alias("lo"), F.max("timestamp").alias("hi"))
+        .first()
+    )
+    if not span or not span["n"] or batch.earlier is None:
+        return (int(span["n"]) if span else 0), None
+    try:
+        earlier = batch.earlier()
+    except StorageError as exc:  # the versions it took are vacuumed: late samples go on unchecked
+        record.say(f"{agg.name}: late samples not checked for repeats ({exc})")
+        return int(span["n"]), None
+    return int(span["n"]), earlier.where(F.col("timestamp").between(span["lo"], span["hi"]))
 
 
 def windows(batch: Batch, aggs: Sequence[AggregationSettings], record: FlowRecord) -> DataFrame:

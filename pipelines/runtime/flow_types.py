@@ -223,6 +223,9 @@ class StateBatch:
     #: This run's number: the version of its state commit's app transaction.
     run: int
     options: RunOptions
+    #: The source as the state had read it (the rows earlier runs took), read when called; None
+    #: before a first run. For a flow that checks new rows against those it already took.
+    earlier: Callable[[], DataFrame] | None = None
 
 
 @dataclass(frozen=True)

@@ -382,7 +382,8 @@ def run_stateful(ctx: Context, flow: Flow, options: RunOptions) -> RunRecord:
             state = figures.cache(state)  # the same snapshot, read by the transform's several queries
             rows = inc.read(ctx.store) if inc else None
             with small_increment(ctx.spark, ctx.settings, added if inc is not None else None):
-                batch = StateBatch(state, rows, inc.end if inc else done, run, RunOptions(None, options.drain))
+                earlier = None if done is None else functools.partial(ctx.store.read_at, source, done)
+                batch = StateBatch(state, rows, inc.end if inc else done, run, RunOptions(None, options.drain), earlier)
                 step = transform(batch, config, figures)
                 ctx.store.overwrite(state_table, step.state, [txn])
             if inc is not None:

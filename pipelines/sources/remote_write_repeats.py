@@ -62,13 +62,14 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def fingerprints(series_ids: np.ndarray, timestamps: np.ndarray) -> np.ndarray:
-    """The key of each (series id, timestamp) pair: 64 bits, never 0 (an empty slot)."""
+def keys(series_ids: np.ndarray, timestamps: np.ndarray, slot_bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each (series id, timestamp) pair's key (64 bits, never 0: an empty slot) and the slot its
+    probe starts at, in a table of ``2**slot_bits`` slots."""
     with np.errstate(over="ignore"):
         series = series_ids.astype(np.int64, copy=False).view(np.uint64)
         fp = _mix(series ^ _mix(timestamps.astype(np.int64).view(np.uint64)))
     fp[fp == 0] = 1
-    return fp
+    return fp, (fp & np.uint64((1 << slot_bits) - 1)).astype(np.int64)
 
 
 def owner_tag(receiver_id: str) -> int:
@@ -107,10 +108,10 @@ class _Generation:
         #: Which of a claim's keys took an empty slot (the first of those that reached it).
         self.taker = np.empty(slots, np.int32)
 
-    def find(self, fp: np.ndarray) -> np.ndarray:
-        """The slot holding each key, or -1."""
+    def find(self, fp: np.ndarray, home: np.ndarray) -> np.ndarray:
+        """The slot holding each key (probed from ``home``), or -1."""
         found = np.full(len(fp), -1, np.int64)
-        slot = (fp & np.uint64(self.mask)).astype(np.int64)
+        slot = home.copy()
         looking = np.arange(len(fp))
         while looking.size:
             s = slot[looking]
@@ -122,13 +123,16 @@ class _Generation:
             slot[looking] = (s[on] + 1) & self.mask
         return found
 
-    def claim(self, fp: np.ndarray, values: np.ndarray, tags: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Claim each key: (its slot, whether this call took the slot for it). A key whose slot
-        another key of this call took first (the same key twice) found it, as any claimed key."""
+    def claim(
+        self, fp: np.ndarray, home: np.ndarray, values: np.ndarray, tags: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Claim each key (probed from ``home``): (its slot, whether this call took the slot for
+        it). A key whose slot another key of this call took first (the same key twice) found it,
+        as any claimed key."""
         n = len(fp)
         at = np.empty(n, np.int64)
         took = np.zeros(n, bool)
-        slot = (fp & np.uint64(self.mask)).astype(np.int64)
+        slot = home.copy()
         looking = np.arange(n)
         t = self.table
         while looking.size:
@@ -242,7 +246,7 @@ class LandedKeys:
             return Claimed(np.ones(0, bool), 0, 0, 0)
         if n > self.keys:
             raise ValueError(f"a batch of {n:,} samples is more than a generation of {self.keys:,} keys holds")
-        fp = fingerprints(series_ids, timestamps)
+        fp, home = keys(series_ids, timestamps, self.slots.bit_length() - 1)
         bits = np.ascontiguousarray(values, np.float64).view(np.uint64)
         tags = np.uint64(self.owner) | (seqs.astype(np.int64) & 0xFFFFFFFF).astype(np.uint64)
         with self._locked() as state:
@@ -254,10 +258,10 @@ class LandedKeys:
             slot = np.full(n, -1, np.int64)
             older = np.zeros(n, bool)
             if previous is not None:
-                slot = previous.find(fp)
+                slot = previous.find(fp, home)
                 older = slot >= 0
             rest = np.flatnonzero(~older)
-            at, took = current.claim(fp[rest], bits[rest], tags[rest])
+            at, took = current.claim(fp[rest], home[rest], bits[rest], tags[rest])
             slot[rest] = at
             state["used"] += int(took.sum())
             tmp = self.folder / f"{_STATE}.tmp"

@@ -17,6 +17,7 @@ from gold.metric_windows import cms_estimate, merge_cms
 from pipelines.app.metric_queries import dropped_late, query
 from pipelines.config.settings import load_settings
 from pipelines.runtime import passes
+from pipelines.runtime.eventlog import PIPELINE_EVENTS
 from pipelines.runtime.runner import Context
 from pipelines.runtime.tables import BRONZE_SAMPLES, GOLD_METRIC_WINDOWS
 from pipelines.sources.remote_write_rows import samples_table
@@ -201,9 +202,8 @@ def test_quantiles_distinct_and_top_values_are_within_the_sketches_error(spark: 
     assert row["frequency_total"] == len(samples)
 
 
-def late_scenario(spark: SparkSession, lake: Path, late: str, on_time: bool) -> tuple[Context, int]:
-    """Gauge samples over 10 minutes; unless ``on_time``, the first 2 minutes arrive after the rest."""
-    agg = {
+def late_agg(late: str) -> dict[str, Any]:
+    return {
         "name": "g",
         "selector": "gauge",
         "window": "2m",
@@ -214,15 +214,24 @@ def late_scenario(spark: SparkSession, lake: Path, late: str, on_time: bool) -> 
         "allowed_lateness": "30s",
         "late": late,
     }
-    ctx = make_ctx(spark, lake, [agg])
+
+
+def gauges() -> tuple[list[Sample], list[Sample]]:
+    """Gauge samples over 10 minutes, and those of the first 2 minutes."""
     rng = random.Random(5)
     start = int(T0.timestamp() * MS)
     samples = [
         ((("__name__", "gauge"), ("host", f"h{i % 7}"), ("zone", f"z{i % 2}")), start + i * 1500, rng.uniform(0, 9))
         for i in range(400)
     ]
-    early = [s for s in samples if s[1] < start + 120_000]
-    rest = [s for s in samples if s[1] >= start + 120_000]
+    return samples, [s for s in samples if s[1] < start + 120_000]
+
+
+def late_scenario(spark: SparkSession, lake: Path, late: str, on_time: bool) -> tuple[Context, int]:
+    """Gauge samples over 10 minutes; unless ``on_time``, the first 2 minutes arrive after the rest."""
+    ctx = make_ctx(spark, lake, [late_agg(late)])
+    samples, early = gauges()
+    rest = [s for s in samples if s not in early]
     if on_time:
         land(ctx, samples)
         step(ctx)
@@ -254,6 +263,35 @@ def test_forwarded_late_samples_give_the_answer_on_time_samples_give(spark: Spar
     windows = late.store.read(GOLD_METRIC_WINDOWS).where("kind = 'late'").count()
     assert windows > 0 and n_late > 0
     assert dropped_late(late, "g") == 0
+
+
+def test_a_repeat_of_a_sample_counted_in_a_closed_pane_is_not_forwarded(spark: SparkSession, tmp_path: Path) -> None:
+    """Bronze holds a sample once within the receiver's horizon; one resent after it (or landed by
+    another writer) comes to silver late. Here the first 2 minutes are landed on time except every
+    third sample, then all of those 2 minutes again (with other values for half the repeats): the
+    answer is the on-time one, each sample counted once, and the repeats are counted apart."""
+    on_time, _ = late_scenario(spark, tmp_path / "on-time", "forward", on_time=True)
+    ctx = make_ctx(spark, tmp_path / "repeats", [late_agg("forward")])
+    samples, early = gauges()
+    held_back = early[::3]
+    land(ctx, [s for s in samples if s not in held_back])
+    step(ctx)
+    again = [s for s in early if s not in held_back]
+    repeats = [(labels, t, v if i % 2 else v + 1) for i, (labels, t, v) in enumerate(again)]
+    land(ctx, held_back + repeats)
+    passes.silver_metric_panes(ctx)
+    figures = ctx.store.read(PIPELINE_EVENTS).where("job = 'silver.metric_panes'").orderBy("ended_at").collect()[-1]
+    assert figures["metrics"]["g.late_repeats"] == len(repeats)
+    assert figures["metrics"]["g.late_forward"] == len(held_back)
+    passes.gold_metric_windows(ctx)
+    step(ctx, drain=True)
+    want = comparable(query(on_time, "g", group_by=["zone"], include_open=False))
+    got = comparable(query(ctx, "g", group_by=["zone"], include_open=False))
+    assert got.keys() == want.keys()
+    for key in want:
+        for name in ("count", "min", "max", "distinct", "top", "frequency_total", "q0.5", "q0.9"):
+            assert got[key][name] == want[key][name], (key, name)
+        assert got[key]["sum"] == pytest.approx(want[key]["sum"]), key
 
 
 def test_drop_policy_counts_what_it_dropped(spark: SparkSession, tmp_path: Path) -> None:
