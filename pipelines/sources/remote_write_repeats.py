@@ -48,7 +48,7 @@ log = logging.getLogger("medallion.remote_write")
 DUPLICATE, CONFLICTING_VALUE = "duplicate", "conflicting_value"
 REASONS = (DUPLICATE, CONFLICTING_VALUE)
 
-_FP, _VALUE, _TAG = 0, 1, 2
+_VALUE, _TAG = 1, 2  # a slot's key, then these
 _STATE = "state.json"
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
@@ -95,7 +95,13 @@ class Claimed:
 
 
 class _Generation:
-    """One generation's slots, mapped from its file."""
+    """One generation's slots, mapped from its file: the keys (probed, 8 bytes a slot, so a probe
+    reads 8 slots a cache line), then each slot's value bits and tag."""
+
+    #: Which key of a claim takes an empty slot, by the slot's low bits: small enough to stay in
+    #: the processor's cache. Keys for two slots that share the bits may both lose a round; they
+    #: look again the next one.
+    TAKERS = 1 << 16
 
     def __init__(self, path: Path, slots: int, create: bool) -> None:
         if create:
@@ -104,9 +110,14 @@ class _Generation:
         self.path = path
         self.slots = slots
         self.mask = slots - 1
-        self.table = np.memmap(path, dtype=np.uint64, mode="r+", shape=(slots, 3))
-        #: Which of a claim's keys took an empty slot (the first of those that reached it).
-        self.taker = np.empty(slots, np.int32)
+        self.keys = np.memmap(path, dtype=np.uint64, mode="r+", shape=(slots,))
+        self.payload = np.memmap(path, dtype=np.uint64, mode="r+", shape=(slots, 2), offset=slots * 8)
+        self.taker = np.empty(self.TAKERS, np.int32)
+
+    def held(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The value bits and the tag of ``slots``."""
+        payload = self.payload[slots]
+        return payload[:, _VALUE - 1], payload[:, _TAG - 1]
 
     def find(self, fp: np.ndarray, home: np.ndarray) -> np.ndarray:
         """The slot holding each key (probed from ``home``), or -1."""
@@ -115,7 +126,7 @@ class _Generation:
         looking = np.arange(len(fp))
         while looking.size:
             s = slot[looking]
-            held = self.table[s, _FP]
+            held = self.keys[s]
             hit = held == fp[looking]
             found[looking[hit]] = s[hit]
             on = (~hit) & (held != 0)
@@ -133,11 +144,11 @@ class _Generation:
         at = np.empty(n, np.int64)
         took = np.zeros(n, bool)
         slot = home.copy()
-        looking = np.arange(n)
-        t = self.table
+        looking = np.arange(n, dtype=np.int32)
+        keys, payload, taker, low = self.keys, self.payload, self.taker, self.TAKERS - 1
         while looking.size:
             s = slot[looking]
-            held = t[s, _FP]
+            held = keys[s]
             hit = held == fp[looking]
             at[looking[hit]] = s[hit]
             empty = held == 0
@@ -145,16 +156,16 @@ class _Generation:
                 who, where = looking[empty], s[empty]
                 # The first key to reach an empty slot takes it: numpy's assignment keeps the last
                 # write of a repeated index, so the keys are written last to first.
-                self.taker[where[::-1]] = who[::-1]
-                won = self.taker[where] == who
+                taker[where[::-1] & low] = who[::-1]
+                won = taker[where & low] == who
                 who, where = who[won], where[won]
-                # Value and tag before the fingerprint: a slot is claimed once its fingerprint is
-                # written, so a process killed in between leaves it empty.
-                t[where, _VALUE] = values[who]
-                t[where, _TAG] = tags[who]
-                t[where, _FP] = fp[who]
+                # Value and tag before the key: a slot is claimed once its key is written, so a
+                # process killed in between leaves it empty.
+                payload[where] = np.stack([values[who], tags[who]], axis=1)
+                keys[where] = fp[who]
                 at[who], took[who] = where, True
-                # The keys that lost an empty slot look at it again: it holds their key, or another.
+                # The keys that lost an empty slot look at it again: it holds their key, another
+                # one, or nothing yet.
                 empty[empty] = ~won
             moving = (~hit) & (held != 0)
             slot[looking[moving]] = (s[moving] + 1) & self.mask
@@ -270,21 +281,20 @@ class LandedKeys:
             new = np.zeros(n, bool)
             new[rest[took]] = True
             found = ~new
-            held = np.empty((int(found.sum()), 3), np.uint64)
-            if held.size:
-                fi = np.flatnonzero(found)
+            fi = np.flatnonzero(found)
+            held_value, held_tag = np.empty(len(fi), np.uint64), np.empty(len(fi), np.uint64)
+            if len(fi):
                 from_previous = older[fi]
                 if previous is not None and from_previous.any():
-                    held[from_previous] = previous.table[slot[fi[from_previous]]]
-                held[~from_previous] = current.table[slot[fi[~from_previous]]]
+                    held_value[from_previous], held_tag[from_previous] = previous.held(slot[fi[from_previous]])
+                held_value[~from_previous], held_tag[~from_previous] = current.held(slot[fi[~from_previous]])
         keep = new.copy()
         replayed = duplicate = conflicting = 0
-        if held.size:
-            fi = np.flatnonzero(found)
+        if len(fi):
             # A claim of this receiver's own segment, made by a flush that did not commit (a
             # replay): landed, once per key. A key this call claimed for an earlier sample is a
             # repeat whatever its tag.
-            own = (held[:, _TAG] == tags[fi]) & ~np.isin(slot[fi], slot[new])
+            own = (held_tag == tags[fi]) & ~np.isin(slot[fi], slot[new])
             if own.any():
                 _, first = np.unique(slot[fi[own]], return_index=True)
                 mine = fi[own][first]
@@ -293,6 +303,6 @@ class LandedKeys:
                 own[:] = False
                 own[np.isin(fi, mine)] = True
             again = ~own
-            same = held[again, _VALUE] == bits[fi[again]]
+            same = held_value[again] == bits[fi[again]]
             duplicate, conflicting = int(same.sum()), int((~same).sum())
         return Claimed(keep, duplicate, conflicting, replayed)
