@@ -239,6 +239,7 @@ class LandedKeys:
                     self.horizon,
                 )
         new = {"current": number, "previous": None if fresh else state["current"], "started": now, "used": 0}
+        new["kept_for"] = self.horizon_in_force
         new["slots"] = self.slots
         tmp = self.folder / f"{_STATE}.tmp"
         tmp.write_text(json.dumps(new))
@@ -263,6 +264,7 @@ class LandedKeys:
         with self._locked() as state:
             if time.time() - state["started"] >= self.horizon or state["used"] + n > self.keys:
                 state = self._turn(state)
+            self.horizon_in_force = state.get("kept_for", self.horizon)  # another process may have turned it
             current = self._generation(state["current"])
             assert current is not None, f"{self.folder}: generation {state['current']} is missing"
             previous = self._generation(state.get("previous"))
