@@ -48,7 +48,7 @@ log = logging.getLogger("medallion.remote_write")
 DUPLICATE, CONFLICTING_VALUE = "duplicate", "conflicting_value"
 REASONS = (DUPLICATE, CONFLICTING_VALUE)
 
-_VALUE, _TAG = 1, 2  # a slot's key, then these
+_KEY, _VALUE, _TAG = 0, 1, 2
 _STATE = "state.json"
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
@@ -95,8 +95,8 @@ class Claimed:
 
 
 class _Generation:
-    """One generation's slots, mapped from its file: the keys (probed, 8 bytes a slot, so a probe
-    reads 8 slots a cache line), then each slot's value bits and tag."""
+    """One generation's slots, mapped from its file: ``[key, value bits, tag]`` each, so a key's
+    probe and its claim touch one cache line (or two)."""
 
     #: Which key of a claim takes an empty slot, by the slot's low bits: small enough to stay in
     #: the processor's cache. Keys for two slots that share the bits may both lose a round; they
@@ -110,14 +110,13 @@ class _Generation:
         self.path = path
         self.slots = slots
         self.mask = slots - 1
-        self.keys = np.memmap(path, dtype=np.uint64, mode="r+", shape=(slots,))
-        self.payload = np.memmap(path, dtype=np.uint64, mode="r+", shape=(slots, 2), offset=slots * 8)
+        self.table = np.memmap(path, dtype=np.uint64, mode="r+", shape=(slots, 3))
         self.taker = np.empty(self.TAKERS, np.int32)
 
     def held(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The value bits and the tag of ``slots``."""
-        payload = self.payload[slots]
-        return payload[:, _VALUE - 1], payload[:, _TAG - 1]
+        rows = self.table[slots]
+        return rows[:, _VALUE], rows[:, _TAG]
 
     def find(self, fp: np.ndarray, home: np.ndarray) -> np.ndarray:
         """The slot holding each key (probed from ``home``), or -1."""
@@ -126,7 +125,7 @@ class _Generation:
         looking = np.arange(len(fp))
         while looking.size:
             s = slot[looking]
-            held = self.keys[s]
+            held = self.table[s, _KEY]
             hit = held == fp[looking]
             found[looking[hit]] = s[hit]
             on = (~hit) & (held != 0)
@@ -145,10 +144,10 @@ class _Generation:
         took = np.zeros(n, bool)
         slot = home.copy()
         looking = np.arange(n, dtype=np.int32)
-        keys, payload, taker, low = self.keys, self.payload, self.taker, self.TAKERS - 1
+        t, taker, low = self.table, self.taker, self.TAKERS - 1
         while looking.size:
             s = slot[looking]
-            held = keys[s]
+            held = t[s, _KEY]
             hit = held == fp[looking]
             at[looking[hit]] = s[hit]
             empty = held == 0
@@ -161,8 +160,9 @@ class _Generation:
                 who, where = who[won], where[won]
                 # Value and tag before the key: a slot is claimed once its key is written, so a
                 # process killed in between leaves it empty.
-                payload[where] = np.stack([values[who], tags[who]], axis=1)
-                keys[where] = fp[who]
+                t[where, _VALUE] = values[who]
+                t[where, _TAG] = tags[who]
+                t[where, _KEY] = fp[who]
                 at[who], took[who] = where, True
                 # The keys that lost an empty slot look at it again: it holds their key, another
                 # one, or nothing yet.
