@@ -211,6 +211,12 @@ class LandedKeys:
             state = self._turn({"current": 0, "slots": self.slots}, fresh=True)
         return state
 
+    def _save(self, state: dict) -> None:
+        """Replace the state file whole (under the lock): a reader never sees half of one."""
+        tmp = self.folder / f"{_STATE}.tmp"
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, self.folder / _STATE)
+
     def _generation(self, number: int | None) -> _Generation | None:
         if number is None:
             return None
@@ -241,9 +247,7 @@ class LandedKeys:
         new = {"current": number, "previous": None if fresh else state["current"], "started": now, "used": 0}
         new["kept_for"] = self.horizon_in_force
         new["slots"] = self.slots
-        tmp = self.folder / f"{_STATE}.tmp"
-        tmp.write_text(json.dumps(new))
-        os.replace(tmp, self.folder / _STATE)
+        self._save(new)
         for path in self.folder.glob("gen-*.keys"):
             if int(path.stem.split("-")[1]) not in (new["current"], new["previous"]):
                 path.unlink(missing_ok=True)
@@ -277,9 +281,7 @@ class LandedKeys:
             at, took = current.claim(fp[rest], home[rest], bits[rest], tags[rest])
             slot[rest] = at
             state["used"] += int(took.sum())
-            tmp = self.folder / f"{_STATE}.tmp"
-            tmp.write_text(json.dumps(state))
-            os.replace(tmp, self.folder / _STATE)
+            self._save(state)
             new = np.zeros(n, bool)
             new[rest[took]] = True
             found = ~new
@@ -302,8 +304,7 @@ class LandedKeys:
                 mine = fi[own][first]
                 keep[mine] = True
                 replayed = len(mine)
-                own[:] = False
-                own[np.isin(fi, mine)] = True
+                own = np.isin(fi, mine)
             again = ~own
             same = held_value[again] == bits[fi[again]]
             duplicate, conflicting = int(same.sum()), int((~same).sum())
